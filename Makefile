@@ -1,0 +1,62 @@
+# Lightspeed. `make help` lists the targets.
+#
+# Environment: everything runs in a local virtual environment, .venv/ (VENV=path to use another),
+# made on first use by any target that needs it. torch is installed first, as TORCH says: plain
+# `torch` is the CUDA build on Linux; for a CPU-only build use
+#   make install TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+#
+# Overrides: `make train trainer.max_epochs=3 data.batch_size=128` passes each KEY=VALUE to Hydra;
+# for what make cannot carry (`+key=value`, `~key`, `-m`, values with spaces) use ARGS="...".
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch
+ARGS ?=
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The KEY=VALUE words given on make's command line, in the order given, minus make's own settings.
+# make lists them last-first and escapes spaces as '\ ': keep escaped spaces inside one word.
+_space := $(subst ,, )
+_reverse = $(if $(1),$(call _reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
+_cli := $(filter-out PYTHON=% VENV=% TORCH=% ARGS=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
+OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
+
+.DEFAULT_GOAL := help
+.PHONY: help install train eval test test-full lint format clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(TORCH)
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+install: $(STAMP)  ## make .venv: torch (TORCH=...), then this package editable with its dev extra
+
+train: $(STAMP)  ## train (default: CNN on digits); KEY=VALUE overrides, ARGS="..." for the rest
+	$(PY) -m lightspeed.train $(OVERRIDES) $(ARGS)
+
+eval: $(STAMP)  ## test the newest run's best checkpoint (ckpt_path=... for another, predict=true)
+	$(PY) -m lightspeed.eval $(OVERRIDES) $(ARGS)
+
+test: $(STAMP)  ## the fast test suite (under ~5 min on 2 CPU cores)
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+test-full: $(STAMP)  ## every test, the slow ones too
+	$(PY) -m pytest $(ARGS)
+
+lint: $(STAMP)  ## ruff: lint and format check
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)  ## ruff: fix what it can, then format
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+clean:  ## remove logs, caches and build leftovers (keeps .venv)
+	rm -rf logs outputs multirun .pytest_cache .ruff_cache src/*.egg-info
+	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

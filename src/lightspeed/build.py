@@ -1,0 +1,60 @@
+"""The only place that instantiates objects from the config: data, model, callbacks, loggers, trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import DictConfig, OmegaConf
+
+from lightspeed.callbacks import RankSeed
+from lightspeed.data.base import ArrayDataModule
+
+
+def datamodule(cfg: DictConfig) -> ArrayDataModule:
+    return instantiate(cfg.data, _convert_="all")
+
+
+def model(cfg: DictConfig, dm: ArrayDataModule) -> L.LightningModule:
+    # What only the data knows (classes, input shape) is passed at run time, never via globals.
+    return instantiate(
+        cfg.model, num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
+    )
+
+
+def _group(cfg: DictConfig | None) -> list[Any]:
+    """Instantiate each `_target_` entry of a callbacks/logger group; `null` entries are switched off."""
+    if not cfg:
+        return []
+    return [
+        instantiate(node, _convert_="all") for node in cfg.values() if node is not None and "_target_" in node
+    ]
+
+
+def loggers(cfg: DictConfig) -> list[Logger]:
+    return _group(cfg.get("logger"))
+
+
+def callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
+    """The configured callbacks, plus RankSeed, which every seeded run needs whatever `callbacks=` says."""
+    found: list[Callback] = _group(cfg.get("callbacks"))
+    if not has_logger and any(isinstance(cb, LearningRateMonitor) for cb in found):
+        rank_zero_info("logger=none: LearningRateMonitor has nowhere to write, so it is left out")
+        found = [cb for cb in found if not isinstance(cb, LearningRateMonitor)]
+    return [*found, RankSeed(cfg.seed)] if cfg.get("seed") is not None else found
+
+
+def trainer(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:
+    loggers_ = loggers(cfg)
+    callbacks_ = [*callbacks(cfg, bool(loggers_)), *extra_callbacks]
+    return instantiate(cfg.trainer, callbacks=callbacks_, logger=loggers_ or False, _convert_="all")
+
+
+def plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain containers: what is logged and saved beside a run."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # type: ignore[return-value]

@@ -1,0 +1,110 @@
+"""`python -m lightspeed.eval ckpt_path=...`: test a checkpoint on whatever device is here, and
+optionally write predictions (computed under inference mode, without autograd)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.utils import get_class
+from omegaconf import DictConfig
+
+from lightspeed import CONF_DIR, build, summary
+from lightspeed.config import ConfigError, check_group_choices, exit_on_config_error, validate_devices
+from lightspeed.noise import silence_known_noise
+
+
+def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
+    """`latest`: the best checkpoint of the newest training run under `log_dir/train`; else a path."""
+    if ckpt_path != "latest":
+        path = Path(ckpt_path)
+        if not path.is_file():
+            raise ConfigError(f"ckpt_path={ckpt_path} does not exist: pass the path of a .ckpt file")
+        return path
+    runs = sorted((log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}"), key=lambda p: p.stat().st_mtime)
+    for found in reversed(runs):
+        facts = json.loads(found.read_text())
+        best = facts.get("best_checkpoint") or facts.get("last_checkpoint")
+        if best and Path(best).is_file():
+            return Path(best)
+    raise ConfigError(
+        f"ckpt_path=latest found no training run with a checkpoint under {log_dir / 'train'}: "
+        "run `make train` first, or pass ckpt_path=path/to/file.ckpt"
+    )
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    silence_known_noise()
+    with exit_on_config_error():
+        validate_devices(cfg)
+        ckpt = find_checkpoint(str(cfg.ckpt_path), Path(cfg.paths.log_dir))
+        module_cls = get_class(cfg.module)
+        # map_location="cpu": a checkpoint saved on a GPU loads on any machine; the Trainer then moves
+        # the model to whatever device this run uses. weights_only: loading never executes code.
+        model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
+        dm = build.datamodule(cfg)
+        _check_fits(model.hparams, dm)
+        trainer = build.trainer(cfg)
+
+    results = trainer.test(model, datamodule=dm, verbose=False)
+    metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+    run_dir = Path(cfg.paths.output_dir)
+    predictions = None
+    if cfg.predict:
+        batches = trainer.predict(model, datamodule=dm)  # the Trainer predicts under torch.inference_mode
+        predictions = _write_predictions(batches or [], run_dir / "predictions.csv")
+    summary.report(
+        "Lightspeed: evaluation",
+        run_dir,
+        {
+            "checkpoint": ckpt,
+            "run_dir": run_dir,
+            "predictions": predictions,
+            "config": build.plain_config(cfg),
+        },
+        metrics,
+    )
+    return metrics
+
+
+def _check_fits(hparams: dict, dm) -> None:
+    shape, classes = list(hparams.get("input_shape", [])), hparams.get("num_classes")
+    if shape != list(dm.input_shape) or classes != dm.num_classes:
+        raise ConfigError(
+            f"the checkpoint's model takes inputs {shape} with {classes} classes but data gives "
+            f"{list(dm.input_shape)} with {dm.num_classes}: pass the data it was trained on (data=...)"
+        )
+
+
+def _write_predictions(batches: list[dict[str, torch.Tensor]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pred = torch.cat([b["pred"] for b in batches]).tolist()
+    prob = torch.cat([b["prob"] for b in batches]).tolist()
+    target = torch.cat([b["target"] for b in batches]).tolist()
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["index", "target", "pred", "prob"])
+        writer.writerows(
+            (i, t, p, f"{q:.6f}") for i, (t, p, q) in enumerate(zip(target, pred, prob, strict=True))
+        )
+    return path
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
+def _hydra_main(cfg: DictConfig) -> dict[str, float]:
+    return run(cfg)
+
+
+def main() -> None:
+    """Console entry point: `lightspeed-eval` and `python -m lightspeed.eval`."""
+    with exit_on_config_error():
+        check_group_choices(sys.argv[1:])
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

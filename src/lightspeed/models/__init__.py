@@ -1,0 +1,1 @@
+"""LightningModules; plain nn.Modules live in `nets/`, one file each."""

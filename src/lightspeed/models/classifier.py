@@ -1,0 +1,93 @@
+"""An image classifier: any registered net, cross-entropy, torchmetrics accuracy, optimizer and LR
+schedule from the config."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.classification import MulticlassAccuracy
+
+from lightspeed.config import ConfigError
+from lightspeed.models.nets import build_net
+
+SCHEDULERS = ("none", "cosine", "onecycle")
+
+
+class Classifier(L.LightningModule):
+    """All arguments are plain containers, so `save_hyperparameters` stores only plain data and every
+    checkpoint loads with `torch.load(..., weights_only=True)`."""
+
+    def __init__(
+        self,
+        net: dict[str, Any],
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any],
+        num_classes: int,
+        input_shape: Sequence[int],
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = build_net(net, input_shape, num_classes)
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        self.train_acc.update(logits, y)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str, acc: MulticlassAccuracy) -> None:
+        x, y = batch
+        logits = self(x)
+        acc.update(logits, y)
+        self.log(f"{stage}/loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log(f"{stage}/acc", acc, prog_bar=True)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val", self.val_acc)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test", self.test_acc)
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        x, y = batch
+        probs = self(x).softmax(dim=-1)
+        return {"pred": probs.argmax(dim=-1), "prob": probs.max(dim=-1).values, "target": y}
+
+    def configure_optimizers(self) -> Any:
+        opt_cfg = dict(self.hparams["optimizer"])
+        name = opt_cfg.pop("name")
+        opt_cls = getattr(torch.optim, name, None)
+        if not (isinstance(opt_cls, type) and issubclass(opt_cls, torch.optim.Optimizer)):
+            raise ConfigError(
+                f"model.optimizer.name={name!r} is not an optimizer in torch.optim (e.g. AdamW, SGD)"
+            )
+        optimizer = opt_cls(self.parameters(), **opt_cfg)
+
+        sched_cfg = dict(self.hparams["scheduler"])
+        kind = sched_cfg.pop("name", "none")
+        if kind == "none":
+            return optimizer
+        steps = int(self.trainer.estimated_stepping_batches)
+        if kind == "cosine":
+            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, **sched_cfg)
+        elif kind == "onecycle":
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(
+                optimizer, max_lr=opt_cfg["lr"], total_steps=steps, **sched_cfg
+            )
+        else:
+            raise ConfigError(f"model.scheduler.name={kind!r} is unknown: use one of {', '.join(SCHEDULERS)}")
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

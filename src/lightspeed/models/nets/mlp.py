@@ -1,0 +1,32 @@
+"""A multilayer perceptron: flatten, then Linear-ReLU-Dropout blocks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from lightspeed.models.nets import register
+
+
+@register("mlp")
+class MLP(nn.Module):
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        hidden: Sequence[int] = (256, 256),
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = math.prod(input_shape)
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU(inplace=True), nn.Dropout(dropout)]
+            width = h
+        layers.append(nn.Linear(width, num_classes))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, *input_shape) -> (B, num_classes)
+        return self.layers(x)

@@ -1,0 +1,123 @@
+"""`python -m lightspeed.train [overrides]`: fit, test the best checkpoint, summarise.
+
+Returns the configured metric, so that Hydra sweepers can optimise it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from lightspeed import CONF_DIR, build, summary
+from lightspeed.config import ConfigError, check_group_choices, exit_on_config_error, validate_train
+from lightspeed.noise import silence_known_noise
+
+
+def refuse_multirun_with_ddp(cfg: DictConfig) -> None:
+    """Lightning relaunches this script once per extra rank; under a Hydra sweep every rank would run its
+    own sweep (seen to hang, or to train different configs on different ranks)."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    strategy = cfg.trainer.get("strategy", "auto")
+    name = strategy if isinstance(strategy, str) else str(strategy.get("_target_", ""))
+    if "ddp" in name.lower() and cfg.trainer.get("devices", 1) != 1:
+        raise ConfigError(
+            "hydra multirun (-m) cannot drive a multi-process trainer.strategy (ddp): each rank would run "
+            "its own sweep; sweep on one device (trainer=cpu or trainer=gpu), or loop in the shell: "
+            "`for lr in 1e-3 3e-3; do make train trainer=ddp model.optimizer.lr=$lr; done`"
+        )
+
+
+@dataclass
+class TrainResult:
+    trainer: L.Trainer
+    model: L.LightningModule
+    score: float | None  # the value of cfg.optimized_metric
+    metrics: dict[str, float] = field(default_factory=dict)
+    best_checkpoint: str | None = None
+
+
+def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainResult:
+    """Train as `cfg` says, with `extra_callbacks` beside the configured ones (for programmatic use)."""
+    silence_known_noise()
+    with exit_on_config_error():
+        validate_train(cfg)
+        refuse_multirun_with_ddp(cfg)
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        dm = build.datamodule(cfg)
+        model = build.model(cfg, dm)
+        trainer = build.trainer(cfg, extra_callbacks)
+    for logger in trainer.loggers:
+        logger.log_hyperparams(build.plain_config(cfg))
+
+    start = time.perf_counter()
+    with exit_on_config_error():
+        trainer.fit(model, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
+    fit_s = time.perf_counter() - start
+
+    ckpt = trainer.checkpoint_callback
+    best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
+    metrics: dict[str, float] = {
+        k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")
+    }
+    if cfg.get("test_after_fit", True):
+        # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.
+        results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
+        metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
+
+    score = _optimized_score(cfg, trainer, metrics)
+    run_dir = Path(cfg.paths.output_dir)
+    summary.report(
+        "Lightspeed: training finished",
+        run_dir,
+        {
+            "run_dir": run_dir,
+            "best_checkpoint": best,
+            "last_checkpoint": ckpt.last_model_path if ckpt is not None and ckpt.last_model_path else None,
+            "global_step": trainer.global_step,
+            "epochs": trainer.current_epoch,
+            "fit_seconds": round(fit_s, 2),
+            "tested": "best checkpoint" if best else "weights in memory",
+            "config": build.plain_config(cfg),
+        },
+        metrics,
+    )
+    return TrainResult(trainer, model, score, metrics, best)
+
+
+def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> float | None:
+    name = cfg.get("optimized_metric")
+    ckpt = trainer.checkpoint_callback
+    if (
+        name
+        and ckpt is not None
+        and getattr(ckpt, "monitor", None) == name
+        and ckpt.best_model_score is not None
+    ):
+        return float(ckpt.best_model_score)
+    return metrics.get(name) if name else None
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def _hydra_main(cfg: DictConfig) -> float | None:
+    return train(cfg).score
+
+
+def main() -> None:
+    """Console entry point: `lightspeed-train` and `python -m lightspeed.train`."""
+    with exit_on_config_error():
+        check_group_choices(sys.argv[1:])
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Shared fixtures: composing configs as the command line would, small runs in temporary folders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from lightspeed import CONF_DIR
+from lightspeed.noise import silence_known_noise
+
+REPO = CONF_DIR.parent
+TESTS = Path(__file__).resolve().parent
+
+# Keep small runs small: tiny CPU runs are slower with many intra-op threads on a shared 2-core box.
+torch.set_num_threads(min(2, torch.get_num_threads()))
+silence_known_noise()
+
+Compose = Callable[..., DictConfig]
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_state() -> Iterator[None]:
+    """Runs change global torch flags (cudnn, matmul precision, RNG): leave each test as it found it."""
+    benchmark, deterministic = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    rng = torch.get_rng_state()
+    yield
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, deterministic
+    torch.set_rng_state(rng)
+    torch.use_deterministic_algorithms(False)
+
+
+def compose_config(config_name: str, overrides: list[str], log_dir: Path) -> DictConfig:
+    """The config a command line `python -m lightspeed.<config_name> <overrides>` would produce, with
+    logs under `log_dir` and this run's outputs in `log_dir/<config_name>/runs/test`, and Hydra's
+    runtime state set as during a real run."""
+    GlobalHydra.instance().clear()
+    run_dir = log_dir / config_name / "runs" / "test"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            config_name,
+            overrides=[f"paths.output_dir={run_dir}", f"paths.log_dir={log_dir}", *overrides],
+            return_hydra_config=True,
+        )
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg.hydra
+    return cfg
+
+
+@pytest.fixture
+def train_cfg(tmp_path: Path) -> Compose:
+    """`train_cfg("model=mlp", ...)`: a composed train config; its run directory is `run_dir`."""
+    return lambda *overrides: compose_config("train", list(overrides), tmp_path / "logs")
+
+
+@pytest.fixture
+def eval_cfg(tmp_path: Path) -> Compose:
+    """An eval config; its run directory is `eval_dir`, and `ckpt_path=latest` looks in `run_dir`'s logs."""
+    return lambda *overrides: compose_config("eval", list(overrides), tmp_path / "logs")
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "logs" / "train" / "runs" / "test"
+
+
+@pytest.fixture
+def eval_dir(tmp_path: Path) -> Path:
+    return tmp_path / "logs" / "eval" / "runs" / "test"
+
+
+#: Overrides for a small but real run (debug=limit: 2 epochs of a few batches, checkpoints and logs
+#: included) that prints little.
+TINY = [
+    "debug=limit",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.log_every_n_steps=1",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.model_summary=null",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
+]
+
+
+def run_module(module: str, *args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run `python -m <module> <args>` as a user would, in `cwd`, capturing what they would see."""
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

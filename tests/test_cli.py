@@ -1,0 +1,147 @@
+"""The command line as a person uses it: subprocesses, DDP with 2 CPU processes, multirun, make."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_module
+
+QUIET = [
+    "trainer.num_sanity_val_steps=0",
+    "callbacks.rich_progress_bar=null",
+    "+trainer.enable_progress_bar=false",
+]
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer=foo", "trainer=foo is not an option: use one of cpu, ddp, ddp_cpu, default, gpu"),
+        ("trainer.max_epochs=abc", "trainer.max_epochs='abc' is invalid: use an integer"),
+        ("trainer.precision=15", "trainer.precision=15 is invalid: use one of 32-true, 16-mixed, bf16-mixed"),
+    ],
+)
+def test_bad_overrides_fail_with_one_clear_line_and_exit_2(
+    tmp_path: Path, override: str, expected: str
+) -> None:
+    proc = run_module("lightspeed.train", override, f"paths.log_dir={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert expected in one_line_error(proc)
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.glob("train/runs/*/checkpoints"))  # nothing started
+
+
+def test_a_mistyped_key_is_named_with_the_fix(tmp_path: Path) -> None:
+    proc = run_module("lightspeed.train", "trainer.max_epoch=3", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert (
+        "Could not override 'trainer.max_epoch'" in proc.stderr
+        and "Key 'max_epoch' is not in struct" in proc.stderr
+    )
+
+
+@pytest.mark.slow
+def test_ddp_cpu_trains_two_ranks_into_one_run_dir(tmp_path: Path) -> None:
+    run = tmp_path / "ddp_run"
+    proc = run_module(
+        "lightspeed.train",
+        "trainer=ddp_cpu",
+        "debug=limit",
+        *QUIET,
+        f"hydra.run.dir={run}",
+        "+callbacks.probe._target_=probes.RankProbe",
+        f"+callbacks.probe.out={tmp_path / 'probe'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["initial_seed"] != ranks[1]["initial_seed"]  # distinct seeds per rank
+    a, b = (set(r["indices"]) for r in ranks)
+    assert not a & b and a | b == set(range(ranks[0]["dataset_size"]))  # the sampler splits the data
+    # one run directory, written by rank 0 only: its checkpoints, logs and summary
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["ddp_run", "probe"]
+    assert {p.name for p in (run / "checkpoints").iterdir()} >= {"last.ckpt"}
+    assert (run / "csv" / "metrics.csv").is_file() and (run / "summary.json").is_file()
+    assert (run / "train_ddp_process_1.log").is_file()  # rank 1 ran in the same directory
+    assert proc.stdout.count("Lightspeed: training finished") == 1  # one summary, from rank 0
+
+
+def test_multirun_sweeps_two_jobs(tmp_path: Path) -> None:
+    proc = run_module(
+        "lightspeed.train",
+        "-m",
+        "model=mlp,cnn",
+        "debug=fdr",
+        *QUIET,
+        f"paths.log_dir={tmp_path}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(tmp_path.glob("train/multiruns/*/*/summary.json"))
+    assert [p.parent.name for p in jobs] == ["0", "1"]
+    assert [json.loads(p.read_text())["config"]["model"]["net"]["name"] for p in jobs] == ["mlp", "cnn"]
+
+
+def test_multirun_with_in_process_ddp_is_refused_up_front(tmp_path: Path) -> None:
+    proc = run_module(
+        "lightspeed.train",
+        "-m",
+        "trainer=ddp_cpu",
+        "model=mlp,cnn",
+        f"paths.log_dir={tmp_path}",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "multirun (-m) cannot drive a multi-process trainer.strategy" in one_line_error(proc)
+    assert not list(tmp_path.glob("**/*.ckpt"))
+
+
+def test_eval_without_a_training_run_says_what_to_do(tmp_path: Path) -> None:
+    proc = run_module("lightspeed.eval", f"paths.log_dir={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "run `make train` first, or pass ckpt_path=" in one_line_error(proc)
+
+
+def test_eval_of_a_missing_checkpoint_names_it(tmp_path: Path) -> None:
+    proc = run_module("lightspeed.eval", f"ckpt_path={tmp_path / 'nope.ckpt'}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"ckpt_path={tmp_path / 'nope.ckpt'} does not exist" in one_line_error(proc)
+
+
+def make_dry_run(*args: str) -> str:
+    """The command `make train ...` would run, without running it."""
+    out = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if "-m lightspeed." in line][-1].rstrip()
+
+
+def test_make_passes_overrides_through_in_order() -> None:
+    line = make_dry_run(
+        "train",
+        "trainer.max_epochs=3",
+        "data.batch_size=128",
+        "model=mlp",
+        "ARGS=+trainer.fast_dev_run=true ~logger",
+    )
+    assert re.search(
+        r"-m lightspeed\.train 'trainer\.max_epochs=3' 'data\.batch_size=128' 'model=mlp' "
+        r"\+trainer\.fast_dev_run=true ~logger$",
+        line,
+    ), line
+
+
+def test_make_keeps_values_with_spaces_and_drops_its_own_settings() -> None:
+    line = make_dry_run("eval", "ckpt_path=/tmp/a b.ckpt", "TORCH=torch==2.13.0", "predict=true")
+    assert line.endswith("-m lightspeed.eval 'ckpt_path=/tmp/a b.ckpt' 'predict=true'"), line

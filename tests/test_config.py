@@ -1,0 +1,102 @@
+"""Composition of every shipped config, and one-line errors for bad values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from lightspeed import CONF_DIR
+from lightspeed.config import ConfigError, validate_train
+
+GROUPS = ["data", "model", "trainer", "callbacks", "logger", "paths", "hydra", "debug", "experiment"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def test_the_issue_lists_the_options_we_ship() -> None:
+    assert options("data") == ["digits", "synthetic"]
+    assert options("model") == ["cnn", "mlp"]
+    assert options("trainer") == ["cpu", "ddp", "ddp_cpu", "default", "gpu"]
+    assert options("callbacks") == ["default", "none"]
+    assert options("logger") == ["csv", "none", "tensorboard"]
+    assert options("debug") == ["fdr", "limit", "overfit", "profiler"]
+    assert options("experiment")
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes(train_cfg, group: str, option: str) -> None:
+    cfg = train_cfg(f"{group}={option}")
+    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    if group in ("data", "model", "trainer"):
+        assert "_target_" in cfg[group]
+
+
+def test_eval_config_composes(eval_cfg) -> None:
+    cfg = eval_cfg("predict=true")
+    assert cfg.ckpt_path == "latest" and cfg.predict is True
+    OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_command_line_values_reach_the_config(train_cfg) -> None:
+    cfg = train_cfg(
+        "trainer.precision=bf16-mixed", "trainer.accumulate_grad_batches=4", "trainer.benchmark=true"
+    )
+    assert (cfg.trainer.precision, cfg.trainer.accumulate_grad_batches, cfg.trainer.benchmark) == (
+        "bf16-mixed",
+        4,
+        True,
+    )
+    validate_train(cfg)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.precision=15", "trainer.precision"),
+        ("trainer.max_epochs=abc", "trainer.max_epochs"),
+        ("trainer.max_epochs=-3", "trainer.max_epochs"),
+        ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches"),
+        ("trainer.accelerator=tpu9", "trainer.accelerator"),
+        ("trainer.benchmark=maybe", "trainer.benchmark"),
+        ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val"),
+        ("trainer.devices=0", "trainer.devices"),
+        ("data.batch_size=0", "data.batch_size"),
+        ("data.batch_size=1.5", "data.batch_size"),
+        ("data.num_workers=-1", "data.num_workers"),
+        ("data.pin_memory=sometimes", "data.pin_memory"),
+        ("data.val_fraction=1.5", "data.val_fraction"),
+        ("model.optimizer.lr=-0.1", "model.optimizer.lr"),
+        ("seed=abc", "seed"),
+    ],
+)
+def test_bad_values_name_the_key(train_cfg, override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{key}=") as err:
+        validate_train(train_cfg(override))
+    assert "\n" not in str(err.value) and "use " in str(err.value)
+
+
+def test_splits_that_leave_no_training_data_are_refused(train_cfg) -> None:
+    with pytest.raises(ConfigError, match="leaves no training data"):
+        validate_train(train_cfg("data.val_fraction=0.5", "data.test_fraction=0.5"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+@pytest.mark.parametrize("trainer", ["trainer=gpu", "trainer=ddp", "trainer.accelerator=cuda"])
+def test_asking_for_a_gpu_without_one_is_an_error_not_a_cpu_run(train_cfg, trainer: str) -> None:
+    with pytest.raises(ConfigError, match=r"no CUDA GPU.*trainer=cpu"):
+        validate_train(train_cfg(trainer))
+
+
+def test_an_optional_local_config_is_picked_up(train_cfg) -> None:
+    local = CONF_DIR / "local" / "default.yaml"
+    if local.exists():
+        pytest.skip("this checkout has its own conf/local/default.yaml; not touching it")
+    try:
+        local.write_text("# @package _global_\nseed: 1234\n")
+        assert train_cfg().seed == 1234
+    finally:
+        local.unlink()
+    assert train_cfg().seed != 1234

@@ -1,0 +1,84 @@
+"""DataModules: reproducible disjoint splits, train-only statistics, loader settings that take effect."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightspeed.config import ConfigError
+from lightspeed.data import DigitsDataModule, SyntheticDataModule, auto_num_workers
+
+
+def test_digits_splits_are_disjoint_complete_and_reproducible() -> None:
+    a, b = DigitsDataModule(split_seed=3), DigitsDataModule(split_seed=3)
+    a.setup(), b.setup()
+    sizes = {k: len(v) for k, v in a.splits.items()}
+    assert sizes == {"train": 1258, "val": 180, "test": 359}
+    for name in ("train", "val", "test"):
+        assert torch.equal(a.splits[name].tensors[0], b.splits[name].tensors[0])
+    rows = torch.cat([a.splits[k].tensors[0].flatten(1) for k in ("train", "val", "test")])
+    assert rows.shape == (1797, 64)
+    other = DigitsDataModule(split_seed=4)
+    other.setup()
+    assert not torch.equal(other.splits["test"].tensors[1], a.splits["test"].tensors[1])
+
+
+def test_digits_are_standardised_with_train_statistics_only() -> None:
+    dm = DigitsDataModule()
+    dm.setup()
+    x = dm.splits["train"].tensors[0]
+    assert x.shape[1:] == (1, 8, 8) and x.dtype == torch.float32
+    assert abs(x.mean().item()) < 1e-4 and abs(x.std().item() - 1) < 1e-3
+    assert abs(dm.splits["test"].tensors[0].mean().item()) > 1e-4  # not re-standardised on its own
+    assert set(dm.splits["train"].tensors[1].unique().tolist()) == set(range(10))
+
+
+def test_synthetic_data_has_the_configured_shape_and_is_learnable() -> None:
+    dm = SyntheticDataModule(num_samples=200, shape=[3, 16, 16], num_classes=4, batch_size=32)
+    dm.setup()
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (32, 3, 16, 16) and dm.input_shape == (3, 16, 16) and int(y.max()) < 4
+    # class prototypes make a nearest-class-mean classifier far better than chance
+    tx, ty = dm.splits["train"].tensors
+    means = torch.stack([tx[ty == c].mean(0) for c in range(4)])
+    vx, vy = dm.splits["val"].tensors
+    pred = torch.cdist(vx.flatten(1), means.flatten(1)).argmin(1)
+    assert (pred == vy).float().mean() > 0.9
+
+
+def test_a_split_that_would_be_empty_is_a_config_error() -> None:
+    dm = SyntheticDataModule(num_samples=10, val_fraction=0.01, test_fraction=0.01)
+    with pytest.raises(ConfigError, match="empty split"):
+        dm.setup()
+
+
+def test_loader_settings_reach_the_dataloader() -> None:
+    dm = DigitsDataModule(batch_size=32, num_workers=2, pin_memory=True, persistent_workers=True)
+    dm.setup()
+    loader = dm.train_dataloader()
+    assert (loader.batch_size, loader.num_workers, loader.pin_memory, loader.persistent_workers) == (
+        32,
+        2,
+        True,
+        True,
+    )
+    assert isinstance(loader.sampler, torch.utils.data.RandomSampler)
+    assert isinstance(dm.val_dataloader().sampler, torch.utils.data.SequentialSampler)
+
+
+def test_auto_settings_without_a_gpu() -> None:
+    dm = DigitsDataModule(num_workers="auto", pin_memory="auto")
+    dm.setup()
+    loader = dm.train_dataloader()
+    assert loader.pin_memory is False  # no CUDA device to copy to
+    assert loader.num_workers == auto_num_workers(1)
+    assert loader.persistent_workers == (loader.num_workers > 0)
+
+
+def test_auto_num_workers_shares_the_cpus_among_devices(monkeypatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    assert auto_num_workers(1) == 8  # capped
+    assert auto_num_workers(4) == 7
+    assert auto_num_workers(32) == 0
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert auto_num_workers(1) == 1

@@ -1,0 +1,87 @@
+"""Nets and the classifier: shapes, plain hyperparameters, optimizer and schedule from config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from lightspeed.config import ConfigError
+from lightspeed.models.classifier import Classifier
+from lightspeed.models.nets import NETS, build_net
+
+OPT = {"name": "AdamW", "lr": 1e-3}
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32)])
+def test_nets_map_inputs_to_class_scores(name: str, shape: tuple[int, ...]) -> None:
+    net = build_net({"name": name}, shape, num_classes=7)
+    assert net(torch.randn(5, *shape)).shape == (5, 7)
+
+
+def test_nets_are_found_by_name_and_unknown_ones_are_refused() -> None:
+    build_net({"name": "mlp"}, (1, 8, 8), 10)
+    assert {"mlp", "cnn"} <= set(NETS)
+    with pytest.raises(
+        ConfigError, match=r"model.net.name='resnet9000' is not a known net: use one of cnn, mlp"
+    ):
+        build_net({"name": "resnet9000"}, (1, 8, 8), 10)
+    with pytest.raises(ConfigError, match=r"^model\.net \(mlp\)"):
+        build_net({"name": "mlp", "widths": [3]}, (1, 8, 8), 10)
+
+
+def test_hyperparameters_are_plain_data() -> None:
+    model = Classifier(
+        net={"name": "mlp", "hidden": [8]},
+        optimizer=OPT,
+        scheduler={"name": "none"},
+        num_classes=10,
+        input_shape=[1, 8, 8],
+    )
+
+    def plain(v: object) -> bool:
+        if isinstance(v, dict):
+            return all(isinstance(k, str) and plain(x) for k, x in v.items())
+        if isinstance(v, list):
+            return all(plain(x) for x in v)
+        return isinstance(v, (int, float, str, bool, type(None)))
+
+    assert plain(dict(model.hparams))
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "kind"),
+    [
+        ({"name": "none"}, None),
+        ({"name": "cosine"}, "CosineAnnealingLR"),
+        ({"name": "onecycle", "pct_start": 0.3}, "OneCycleLR"),
+    ],
+)
+def test_optimizer_and_schedule_come_from_config(scheduler: dict, kind: str | None) -> None:
+    model = Classifier(
+        net={"name": "mlp", "hidden": [8]},
+        optimizer={"name": "SGD", "lr": 0.5, "momentum": 0.9},
+        scheduler=scheduler,
+        num_classes=10,
+        input_shape=[1, 8, 8],
+    )
+    model.trainer = Trainer(max_steps=40, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    out = model.configure_optimizers()
+    opt = out if isinstance(out, torch.optim.Optimizer) else out["optimizer"]
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9
+    if kind is not None:
+        assert type(out["lr_scheduler"]["scheduler"]).__name__ == kind
+        assert out["lr_scheduler"]["interval"] == "step"
+
+
+def test_unknown_optimizer_or_schedule_is_a_config_error() -> None:
+    model = Classifier(
+        net={"name": "mlp"},
+        optimizer={"name": "Adamm", "lr": 1e-3},
+        scheduler={"name": "none"},
+        num_classes=10,
+        input_shape=[1, 8, 8],
+    )
+    with pytest.raises(ConfigError, match=r"^model\.optimizer\.name='Adamm'"):
+        model.configure_optimizers()

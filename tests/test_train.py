@@ -1,0 +1,206 @@
+"""Training end to end, in process: every data/model option, the trainer knobs, checkpoints, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from conftest import TINY
+from lightspeed.eval import run as evaluate
+from lightspeed.models.classifier import Classifier
+from lightspeed.summary import SUMMARY_FILE
+from lightspeed.train import train
+from probes import AutocastProbe
+
+QUIET = TINY[1:]  # TINY without debug=limit
+
+
+@pytest.mark.parametrize("data", ["digits", "synthetic"])
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_fast_dev_run_trains_every_data_and_model(train_cfg, data: str, model: str) -> None:
+    extra = (
+        ["data.num_samples=256", "data.shape=[3,16,16]", "data.batch_size=32"] if data == "synthetic" else []
+    )
+    result = train(train_cfg(f"data={data}", f"model={model}", "debug=fdr", *QUIET, *extra))
+    assert result.trainer.global_step == 1  # fast_dev_run: one optimizer step
+    assert result.best_checkpoint is None  # ... and no checkpoints
+    assert {"test/acc", "test/loss"} <= set(result.metrics)
+
+
+def test_tiny_run_writes_checkpoints_logs_and_a_summary(train_cfg, run_dir: Path) -> None:
+    result = train(train_cfg(*TINY))
+    run = run_dir
+    assert result.trainer.global_step == 2 * 5  # debug=limit: 2 epochs of 5 batches
+    assert Path(result.best_checkpoint).parent == run / "checkpoints"
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    metrics_csv = (run / "csv" / "metrics.csv").read_text()
+    assert "train/loss" in metrics_csv and "val/acc" in metrics_csv
+    facts = json.loads((run / SUMMARY_FILE).read_text())
+    assert facts["best_checkpoint"] == result.best_checkpoint
+    assert facts["metrics"]["test/acc"] == pytest.approx(result.metrics["test/acc"])
+    assert facts["config"]["model"]["net"]["name"] == "cnn"
+    assert result.score == pytest.approx(result.metrics["val/acc"])  # optimized_metric, as fit ended
+
+
+def test_every_checkpoint_loads_safely_on_cpu(train_cfg, run_dir: Path) -> None:
+    train(train_cfg(*TINY))
+    ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"))
+    assert len(ckpts) == 2  # best and last
+    for path in ckpts:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # plain data only
+        assert state["hyper_parameters"]["net"]["name"] == "cnn"
+        model = Classifier.load_from_checkpoint(path, map_location="cpu", weights_only=True)
+        assert next(model.parameters()).device.type == "cpu"
+        assert torch.equal(model.state_dict()["net.head.3.weight"], state["state_dict"]["net.head.3.weight"])
+
+
+def test_train_then_eval_tests_the_best_checkpoint(train_cfg, eval_cfg, eval_dir: Path) -> None:
+    result = train(train_cfg(*TINY))
+    # the same 2 test batches as the run tested (debug=limit), on the weights of its best checkpoint
+    metrics = evaluate(
+        eval_cfg(
+            "ckpt_path=latest",
+            "predict=true",
+            "+trainer.enable_progress_bar=false",
+            "+trainer.limit_test_batches=2",
+            "+trainer.limit_predict_batches=2",
+        )
+    )
+    assert metrics["test/acc"] == pytest.approx(
+        result.metrics["test/acc"], abs=1e-6
+    )  # same split, same weights
+    facts = json.loads((eval_dir / SUMMARY_FILE).read_text())
+    assert facts["checkpoint"] == result.best_checkpoint
+    rows = (eval_dir / "predictions.csv").read_text().splitlines()
+    assert rows[0] == "index,target,pred,prob" and len(rows) == 1 + 2 * 64
+
+
+class StopAfterFirstEpoch(L.Callback):
+    """Ends fit after epoch 0 as an interruption would, leaving last.ckpt behind."""
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.should_stop = True
+
+
+def test_resume_from_last_checkpoint_continues_the_global_step(train_cfg, run_dir: Path) -> None:
+    first = train(train_cfg(*TINY, "test_after_fit=false"), [StopAfterFirstEpoch()])
+    assert (first.trainer.global_step, first.trainer.current_epoch) == (5, 1)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resumed = train(train_cfg(*TINY, f"ckpt_path={last}"))
+    assert resumed.trainer.global_step == 10  # 5 restored + 5 new, not 10 new
+    assert resumed.trainer.current_epoch == 2
+
+
+def test_accumulate_grad_batches_takes_a_quarter_of_the_optimizer_steps(train_cfg) -> None:
+    steps = {}
+    for n in (1, 4):
+        result = train(
+            train_cfg(
+                *TINY,
+                "trainer.max_epochs=1",
+                "++trainer.limit_train_batches=8",
+                f"trainer.accumulate_grad_batches={n}",
+                "test_after_fit=false",
+            )
+        )
+        optimizer = result.trainer.optimizers[0]
+        steps[n] = (result.trainer.global_step, int(next(iter(optimizer.state.values()))["step"]))
+    assert steps == {1: (8, 8), 4: (2, 2)}
+
+
+def test_bf16_mixed_precision_autocasts_on_cpu(train_cfg) -> None:
+    probe = AutocastProbe()
+    result = train(train_cfg(*TINY, "trainer.precision=bf16-mixed", "test_after_fit=false"), [probe])
+    assert result.trainer.precision == "bf16-mixed"
+    assert probe.seen == {"enabled": True, "dtype": torch.bfloat16, "logits_dtype": torch.bfloat16}
+
+
+def test_32_true_runs_in_float32(train_cfg) -> None:
+    probe = AutocastProbe()
+    result = train(train_cfg(*TINY, "trainer.precision=32-true", "test_after_fit=false"), [probe])
+    assert result.trainer.precision == "32-true"
+    assert probe.seen["enabled"] is False and probe.seen["logits_dtype"] == torch.float32
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_benchmark_flag_reaches_cudnn(train_cfg, flag: bool) -> None:
+    torch.backends.cudnn.benchmark = not flag
+    train(
+        train_cfg(
+            *TINY, f"trainer.benchmark={str(flag).lower()}", "trainer.max_epochs=1", "test_after_fit=false"
+        )
+    )
+    assert torch.backends.cudnn.benchmark is flag
+
+
+def test_the_issue_knob_combination_reaches_trainer_and_torch(train_cfg) -> None:
+    result = train(
+        train_cfg(
+            *TINY,
+            "trainer.precision=bf16-mixed",
+            "trainer.accumulate_grad_batches=4",
+            "trainer.benchmark=true",
+            "++trainer.limit_train_batches=8",
+            "trainer.max_epochs=1",
+            "test_after_fit=false",
+        )
+    )
+    assert result.trainer.precision == "bf16-mixed"
+    assert result.trainer.accumulate_grad_batches == 4 and result.trainer.global_step == 2
+    assert torch.backends.cudnn.benchmark is True
+
+
+@pytest.mark.parametrize(
+    ("logger", "artifact"), [("csv", "csv/metrics.csv"), ("tensorboard", "tensorboard"), ("none", None)]
+)
+def test_logger_options(train_cfg, run_dir: Path, logger: str, artifact: str | None) -> None:
+    result = train(train_cfg(*TINY, f"logger={logger}", "trainer.max_epochs=1"))
+    run = run_dir
+    if artifact is None:
+        assert result.trainer.loggers == [] and not (run / "csv").exists()
+    elif logger == "tensorboard":
+        assert list((run / artifact).glob("events.out.tfevents.*"))
+    else:
+        assert (run / artifact).is_file()
+
+
+def test_callbacks_none_keeps_lightning_defaults_only(train_cfg) -> None:
+    result = train(train_cfg("callbacks=none", "debug=limit", "+trainer.enable_progress_bar=false"))
+    names = {type(cb).__name__ for cb in result.trainer.callbacks}
+    assert "EarlyStopping" not in names and "LearningRateMonitor" not in names
+    assert "RankSeed" in names
+
+
+def test_profiler_debug_option_writes_a_report(train_cfg, run_dir: Path) -> None:
+    train(
+        train_cfg(
+            *QUIET,
+            "debug=profiler",
+            "+trainer.limit_train_batches=3",
+            "+trainer.limit_val_batches=1",
+            "test_after_fit=false",
+        )
+    )
+    report = next(run_dir.glob("*profile*.txt")).read_text()
+    assert "run_training_epoch" in report
+
+
+def test_overfit_debug_option_memorises_one_batch(train_cfg) -> None:
+    result = train(train_cfg(*QUIET, "debug=overfit", "test_after_fit=false"))
+    assert result.trainer.global_step == 50  # one batch per epoch
+    assert result.trainer.callback_metrics["train/loss"] < 0.1  # from ~2.3
+
+
+def test_experiment_option_trains(train_cfg) -> None:
+    result = train(train_cfg("experiment=digits_mlp", "debug=fdr", *QUIET))
+    assert type(result.model.net).__name__ == "MLP"
+
+
+@pytest.mark.slow
+def test_default_run_reaches_98_percent_on_digits(train_cfg) -> None:
+    result = train(train_cfg())
+    assert result.metrics["test/acc"] >= 0.98
