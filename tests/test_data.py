@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -73,6 +75,36 @@ def test_auto_settings_without_a_gpu() -> None:
     assert loader.pin_memory is False  # no CUDA device to copy to
     assert loader.num_workers == auto_num_workers(1)
     assert loader.persistent_workers == (loader.num_workers > 0)
+
+
+def test_auto_pins_memory_when_batches_go_to_a_cuda_device() -> None:
+    dm = DigitsDataModule(num_workers=0, pin_memory="auto")
+    dm.setup()
+    # what the DataModule reads of the Trainer: the device the strategy trains on
+    dm.trainer = SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)),
+        num_devices=1,
+        world_size=1,
+        global_rank=0,
+    )
+    assert dm._resolved_pin_memory() is True
+    dm.trainer.strategy.root_device = torch.device("cpu")
+    assert dm._resolved_pin_memory() is False
+
+
+def test_ddp_evaluation_sees_each_sample_exactly_once() -> None:
+    seen = []
+    for rank in (0, 1):
+        dm = DigitsDataModule(num_workers=0)
+        dm.setup()
+        dm.trainer = SimpleNamespace(
+            strategy=SimpleNamespace(root_device=torch.device("cpu")),
+            num_devices=2,
+            world_size=2,
+            global_rank=rank,
+        )
+        seen.append(list(iter(dm.test_dataloader().sampler)))
+    assert sorted(seen[0] + seen[1]) == list(range(359))  # 359 is odd: no padding repeats
 
 
 def test_auto_num_workers_shares_the_cpus_among_devices(monkeypatch) -> None:

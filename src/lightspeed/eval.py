@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from lightspeed import CONF_DIR, build, summary
 from lightspeed.config import ConfigError, check_group_choices, exit_on_config_error, validate_devices
+from lightspeed.data.base import ArrayDataModule
 from lightspeed.noise import silence_known_noise
 
 
@@ -71,7 +72,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-def _check_fits(hparams: dict, dm) -> None:
+def _check_fits(hparams: dict, dm: ArrayDataModule) -> None:
     shape, classes = list(hparams.get("input_shape", [])), hparams.get("num_classes")
     if shape != list(dm.input_shape) or classes != dm.num_classes:
         raise ConfigError(

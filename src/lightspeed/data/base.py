@@ -7,8 +7,8 @@ from abc import abstractmethod
 
 import lightning as L
 import torch
-from torch import Tensor
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed.config import ConfigError
@@ -69,7 +69,8 @@ class ArrayDataModule(L.LightningDataModule):
         if min(n_train, n_val, n_test) < 1:
             raise ConfigError(
                 f"data.val_fraction={self.val_fraction} and data.test_fraction={self.test_fraction} leave an "
-                f"empty split of {n} samples (train {n_train}, val {n_val}, test {n_test}): change the fractions"
+                f"empty split of {n} samples (train {n_train}, val {n_val}, test {n_test}): "
+                "change the fractions"
             )
         order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
         parts = dict(zip(("train", "val", "test"), order.split([n_train, n_val, n_test]), strict=True))
@@ -96,7 +97,10 @@ class ArrayDataModule(L.LightningDataModule):
             # Evaluation under DDP: each sample on exactly one rank. Lightning's default sampler pads the
             # last batch with repeats, which would count some samples twice in val/test metrics.
             sampler = UnrepeatedDistributedSampler(
-                self.splits[split], num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
+                self.splits[split],
+                num_replicas=self.trainer.world_size,
+                rank=self.trainer.global_rank,
+                shuffle=False,
             )
         return DataLoader(
             self.splits[split],
