@@ -92,6 +92,8 @@ def test_multirun_sweeps_two_jobs(tmp_path: Path) -> None:
     jobs = sorted(tmp_path.glob("train/multiruns/*/*/summary.json"))
     assert [p.parent.name for p in jobs] == ["0", "1"]
     assert [json.loads(p.read_text())["config"]["model"]["net"]["name"] for p in jobs] == ["mlp", "cnn"]
+    for job in jobs:  # Lightning's messages reach each job's log file, not only the console
+        assert "Running in `fast_dev_run` mode" in (job.parent / "train.log").read_text()
 
 
 def test_multirun_with_in_process_ddp_is_refused_up_front(tmp_path: Path) -> None:

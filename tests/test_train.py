@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import lightning as L
@@ -10,6 +11,8 @@ import pytest
 import torch
 
 from conftest import TINY
+from lightspeed.config import ConfigError
+from lightspeed.eval import find_checkpoint
 from lightspeed.eval import run as evaluate
 from lightspeed.models.classifier import Classifier
 from lightspeed.summary import SUMMARY_FILE
@@ -84,6 +87,20 @@ class StopAfterFirstEpoch(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         trainer.should_stop = True
+
+
+def test_eval_latest_takes_the_newest_run_that_has_a_best_checkpoint(tmp_path: Path) -> None:
+    runs = tmp_path / "train" / "runs"
+    for i, best in enumerate(["a.ckpt", "b.ckpt", None]):  # the newest (a debug=fdr run) has none
+        (runs / str(i)).mkdir(parents=True)
+        if best:
+            (runs / str(i) / best).write_bytes(b"x")
+        facts = {"best_checkpoint": str(runs / str(i) / best) if best else None}
+        (runs / str(i) / SUMMARY_FILE).write_text(json.dumps(facts))
+        os.utime(runs / str(i) / SUMMARY_FILE, (1000 + i, 1000 + i))
+    assert find_checkpoint("latest", tmp_path) == runs / "1" / "b.ckpt"
+    with pytest.raises(ConfigError, match="found no training run with a best checkpoint"):
+        find_checkpoint("latest", tmp_path / "elsewhere")
 
 
 def test_resume_from_last_checkpoint_continues_the_global_step(train_cfg, run_dir: Path) -> None:

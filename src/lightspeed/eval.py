@@ -17,23 +17,24 @@ from lightspeed import CONF_DIR, build, summary
 from lightspeed.config import ConfigError, check_group_choices, exit_on_config_error, validate_devices
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.noise import silence_known_noise
+from lightspeed.runlog import route_to_run_log
 
 
 def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
-    """`latest`: the best checkpoint of the newest training run under `log_dir/train`; else a path."""
+    """`latest`: the best checkpoint of the newest training run under `log_dir/train` that has one;
+    anything else is a path."""
     if ckpt_path != "latest":
         path = Path(ckpt_path)
         if not path.is_file():
             raise ConfigError(f"ckpt_path={ckpt_path} does not exist: pass the path of a .ckpt file")
         return path
     runs = sorted((log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}"), key=lambda p: p.stat().st_mtime)
-    for found in reversed(runs):
-        facts = json.loads(found.read_text())
-        best = facts.get("best_checkpoint") or facts.get("last_checkpoint")
+    for found in reversed(runs):  # newest first; runs without a best checkpoint (debug=fdr) are skipped
+        best = json.loads(found.read_text()).get("best_checkpoint")
         if best and Path(best).is_file():
             return Path(best)
     raise ConfigError(
-        f"ckpt_path=latest found no training run with a checkpoint under {log_dir / 'train'}: "
+        f"ckpt_path=latest found no training run with a best checkpoint under {log_dir / 'train'}: "
         "run `make train` first, or pass ckpt_path=path/to/file.ckpt"
     )
 
@@ -97,6 +98,7 @@ def _write_predictions(batches: list[dict[str, torch.Tensor]], path: Path) -> Pa
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
 def _hydra_main(cfg: DictConfig) -> dict[str, float]:
+    route_to_run_log()
     return run(cfg)
 
 

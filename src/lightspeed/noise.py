@@ -13,16 +13,22 @@ KNOWN_WARNINGS: list[tuple[str, type[Warning], str]] = [
 ]
 
 
-class _DropAdverts(logging.Filter):
-    """Lightning 2.6 advertises its cloud services (litlogger, litmodels) on every run."""
+KNOWN_LOG_LINES: tuple[str, ...] = (
+    # Lightning 2.6 advertises its cloud services (litlogger, litmodels) on every run.
+    "💡 Tip: For seamless cloud",
+    # Our callbacks group configures ModelSummary on purpose; Lightning says so on every run.
+    "Trainer already configured with model summary callbacks",
+)
 
+
+class _DropKnownLines(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip: For seamless cloud")
+        return not str(record.msg).startswith(KNOWN_LOG_LINES)
 
 
 def silence_known_noise() -> None:
     for message, category, module in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _DropAdverts) for f in rank_zero_logger.filters):
-        rank_zero_logger.addFilter(_DropAdverts())
+    if not any(isinstance(f, _DropKnownLines) for f in rank_zero_logger.filters):
+        rank_zero_logger.addFilter(_DropKnownLines())

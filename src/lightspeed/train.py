@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from lightspeed import CONF_DIR, build, summary
 from lightspeed.config import ConfigError, check_group_choices, exit_on_config_error, validate_train
 from lightspeed.noise import silence_known_noise
+from lightspeed.runlog import route_to_run_log
 
 
 def refuse_multirun_with_ddp(cfg: DictConfig) -> None:
@@ -109,6 +110,7 @@ def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, flo
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
+    route_to_run_log()
     return train(cfg).score
 
 

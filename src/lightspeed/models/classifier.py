@@ -33,6 +33,7 @@ class Classifier(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.net = build_net(net, input_shape, num_classes)
+        self.example_input_array = torch.zeros(2, *input_shape)  # lets ModelSummary show shapes and FLOPs
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
