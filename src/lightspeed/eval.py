@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from lightspeed import CONF_DIR, build, summary
-from lightspeed.config import ConfigError, check_group_choices, exit_on_config_error, validate_devices
+from lightspeed import build, summary
+from lightspeed.config import ConfigError, exit_on_config_error, validate_devices
 from lightspeed.data.base import ArrayDataModule
+from lightspeed.entry import hydra_entry
 from lightspeed.noise import silence_known_noise
-from lightspeed.runlog import route_to_run_log
 
 
 def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
@@ -96,18 +94,8 @@ def _write_predictions(batches: list[dict[str, torch.Tensor]], path: Path) -> Pa
     return path
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
-def _hydra_main(cfg: DictConfig) -> dict[str, float]:
-    route_to_run_log()
-    return run(cfg)
-
-
-def main() -> None:
-    """Console entry point: `lightspeed-eval` and `python -m lightspeed.eval`."""
-    with exit_on_config_error():
-        check_group_choices(sys.argv[1:])
-    _hydra_main()
-
+#: Console entry point: `lightspeed-eval` and `python -m lightspeed.eval`.
+main = hydra_entry("eval", run)
 
 if __name__ == "__main__":
     main()

@@ -5,22 +5,20 @@ Returns the configured metric, so that Hydra sweepers can optimise it.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lightspeed import CONF_DIR, build, summary
-from lightspeed.config import ConfigError, check_group_choices, exit_on_config_error, validate_train
+from lightspeed import build, summary
+from lightspeed.config import ConfigError, exit_on_config_error, validate_train
+from lightspeed.entry import hydra_entry
 from lightspeed.noise import silence_known_noise
-from lightspeed.runlog import route_to_run_log
 
 
 def refuse_multirun_with_ddp(cfg: DictConfig) -> None:
@@ -108,18 +106,8 @@ def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, flo
     return metrics.get(name) if name else None
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-def _hydra_main(cfg: DictConfig) -> float | None:
-    route_to_run_log()
-    return train(cfg).score
-
-
-def main() -> None:
-    """Console entry point: `lightspeed-train` and `python -m lightspeed.train`."""
-    with exit_on_config_error():
-        check_group_choices(sys.argv[1:])
-    _hydra_main()
-
+#: Console entry point: `lightspeed-train` and `python -m lightspeed.train`.
+main = hydra_entry("train", lambda cfg: train(cfg).score)
 
 if __name__ == "__main__":
     main()
