@@ -29,7 +29,10 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     [
         ("trainer=foo", "trainer=foo is not an option: use one of cpu, ddp, ddp_cpu, default, gpu"),
         ("trainer.max_epochs=abc", "trainer.max_epochs='abc' is invalid: use an integer"),
-        ("trainer.precision=15", "trainer.precision=15 is invalid: use one of 32-true, 16-mixed, bf16-mixed"),
+        (
+            "trainer.precision=15",
+            "trainer.precision=15 is invalid: use one of auto, 32-true, 16-mixed, bf16-mixed, bf16-true",
+        ),
     ],
 )
 def test_bad_overrides_fail_with_one_clear_line_and_exit_2(

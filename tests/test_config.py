@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from lightspeed import CONF_DIR
 from lightspeed.config import ConfigError, validate_train
 
-GROUPS = ["data", "model", "trainer", "callbacks", "logger", "paths", "hydra", "debug", "experiment"]
+GROUPS = ["data", "model", "trainer", "accel", "callbacks", "logger", "paths", "hydra", "debug", "experiment"]
 
 
 def options(group: str) -> list[str]:
@@ -18,11 +18,12 @@ def options(group: str) -> list[str]:
 
 def test_the_issue_lists_the_options_we_ship() -> None:
     assert options("data") == ["digits", "synthetic"]
-    assert options("model") == ["cnn", "mlp"]
+    assert options("model") == ["cnn", "mlp", "resnet"]
     assert options("trainer") == ["cpu", "ddp", "ddp_cpu", "default", "gpu"]
     assert options("callbacks") == ["default", "none"]
     assert options("logger") == ["csv", "none", "tensorboard"]
     assert options("debug") == ["fdr", "limit", "overfit", "profiler"]
+    assert options("accel") == ["default", "max", "off"]
     assert options("experiment")
 
 

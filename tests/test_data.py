@@ -73,7 +73,7 @@ def test_auto_settings_without_a_gpu() -> None:
     dm.setup()
     loader = dm.train_dataloader()
     assert loader.pin_memory is False  # no CUDA device to copy to
-    assert loader.num_workers == auto_num_workers(1)
+    assert loader.num_workers == auto_num_workers(1, "cpu") == 0
     assert loader.persistent_workers == (loader.num_workers > 0)
 
 
@@ -114,3 +114,4 @@ def test_auto_num_workers_shares_the_cpus_among_devices(monkeypatch) -> None:
     assert auto_num_workers(32) == 0
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert auto_num_workers(1) == 1
+    assert auto_num_workers(1, "cpu") == 0  # workers would compete with the computation for the cores

@@ -54,38 +54,63 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-# (key, predicate, what is allowed). A key that is absent from the config is not checked.
-_RULES: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("seed", _is_int, "an integer"),
-    ("trainer.precision", lambda v: str(v) in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
-    ("trainer.accelerator", lambda v: str(v) in ACCELERATORS, f"one of {', '.join(ACCELERATORS)}"),
-    (
-        "trainer.max_epochs",
+def _one_of(*allowed: str) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: isinstance(v, str) and v in allowed, "one of " + ", ".join(allowed))
+
+
+def _int_at_least(low: int, extra: str = "") -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: _is_int(v) and v >= low, f"an integer >= {low}{extra}")
+
+
+def _bool_or_auto() -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v == "auto" or isinstance(v, bool), "auto, true or false")
+
+
+# key -> (predicate, what is allowed). A key that is absent from the config is not checked.
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "seed": (_is_int, "an integer"),
+    "trainer.precision": _one_of("auto", *PRECISIONS),
+    "trainer.accelerator": _one_of(*ACCELERATORS),
+    "trainer.max_epochs": (
         lambda v: v is None or (_is_int(v) and v >= -1),
         "an integer >= 1 (or -1 for no limit)",
     ),
-    ("trainer.max_steps", lambda v: _is_int(v) and v >= -1, "an integer >= 1 (or -1 for no limit)"),
-    ("trainer.accumulate_grad_batches", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    ("trainer.benchmark", lambda v: v is None or isinstance(v, bool), "true, false or null"),
-    (
-        "trainer.deterministic",
+    "trainer.max_steps": _int_at_least(-1, " (or -1 for no limit)"),
+    "trainer.accumulate_grad_batches": _int_at_least(1),
+    "trainer.benchmark": (lambda v: v in ("auto", None) or isinstance(v, bool), "auto, true or false"),
+    "trainer.deterministic": (
         lambda v: v is None or isinstance(v, bool) or v == "warn",
         "true, false or warn",
     ),
-    ("trainer.gradient_clip_val", lambda v: v is None or (_is_number(v) and v > 0), "a number > 0 or null"),
-    ("trainer.log_every_n_steps", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    ("data.batch_size", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    ("data.num_workers", lambda v: v == "auto" or (_is_int(v) and v >= 0), "auto or an integer >= 0"),
-    ("data.pin_memory", lambda v: v == "auto" or isinstance(v, bool), "auto, true or false"),
-    ("data.val_fraction", lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
-    ("data.test_fraction", lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
-    ("model.optimizer.lr", lambda v: _is_number(v) and v > 0, "a number > 0"),
-]
+    "trainer.gradient_clip_val": (lambda v: v is None or (_is_number(v) and v > 0), "a number > 0 or null"),
+    "trainer.log_every_n_steps": _int_at_least(1),
+    "data.batch_size": _int_at_least(1),
+    "data.num_workers": (lambda v: v == "auto" or (_is_int(v) and v >= 0), "auto or an integer >= 0"),
+    "data.pin_memory": _bool_or_auto(),
+    "data.non_blocking": _bool_or_auto(),
+    "data.on_device": _bool_or_auto(),
+    "data.persistent_workers": (lambda v: isinstance(v, bool), "true or false"),
+    "data.prefetch_factor": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1 or null"),
+    "data.val_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
+    "data.test_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
+    "data.augment.crop_padding": _int_at_least(0),
+    "data.augment.flip": (lambda v: isinstance(v, bool), "true or false"),
+    "model.optimizer.lr": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "accel.matmul_precision": _one_of("highest", "high", "medium"),
+    "accel.channels_last": (lambda v: isinstance(v, bool), "true or false"),
+    "accel.compile": (lambda v: isinstance(v, bool), "true or false"),
+    "accel.compile_mode": _one_of("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    "accel.compile_backend": (
+        lambda v: v in torch.compiler.list_backends(exclude_tags=()),
+        "a torch.compile backend: " + ", ".join(torch.compiler.list_backends()),
+    ),
+    "accel.optimizer_impl": _one_of("auto", "fused", "foreach", "loop"),
+}
 
 
 def validate_train(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that cannot work, naming the key and what is allowed."""
-    for key, ok, allowed in _RULES:
+    for key, (ok, allowed) in _RULES.items():
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and not ok(value):
             raise ConfigError(f"{key}={value!r} is invalid: use {allowed}")

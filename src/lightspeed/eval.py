@@ -11,7 +11,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from lightspeed import build, summary
+from lightspeed import accel, build, summary
 from lightspeed.config import ConfigError, exit_on_config_error, validate_devices
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.entry import hydra_entry
@@ -41,6 +41,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     silence_known_noise()
     with exit_on_config_error():
         validate_devices(cfg)
+        idle = accel.resolve(cfg)
+        accel.apply_to_torch(cfg)
         ckpt = find_checkpoint(str(cfg.ckpt_path), Path(cfg.paths.log_dir))
         module_cls = get_class(cfg.module)
         # map_location="cpu": a checkpoint saved on a GPU loads on any machine; the Trainer then moves
@@ -48,7 +50,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
         model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
+        accel.apply_to_model(cfg, model, dm)
         trainer = build.trainer(cfg)
+        accel.report_idle(idle, accel.device_type(cfg))
 
     results = trainer.test(model, datamodule=dm, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}

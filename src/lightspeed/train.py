@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lightspeed import build, summary
+from lightspeed import accel, build, summary
 from lightspeed.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.entry import hydra_entry
 from lightspeed.noise import silence_known_noise
@@ -51,10 +51,14 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
     with exit_on_config_error():
         validate_train(cfg)
         refuse_multirun_with_ddp(cfg)
+        idle = accel.resolve(cfg)
+        accel.apply_to_torch(cfg)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         dm = build.datamodule(cfg)
         model = build.model(cfg, dm)
+        accel.apply_to_model(cfg, model, dm)
         trainer = build.trainer(cfg, extra_callbacks)
+        accel.report_idle(idle, accel.device_type(cfg))
     for logger in trainer.loggers:
         logger.log_hyperparams(build.plain_config(cfg))
 

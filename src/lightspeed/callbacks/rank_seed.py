@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import random
+
 import lightning as L
-from lightning.fabric.utilities.seed import seed_everything
+import numpy as np
+import torch
 
 
 class RankSeed(L.Callback):
-    """Reseed each rank with `seed + global_rank` once fit starts.
+    """Reseed torch, numpy and random with `seed + global_rank` once fit starts.
 
     Everything built before that (weights, the data split) used the same seed on every rank, as it must.
     From here on, dropout masks and on-device augmentation must differ between ranks, or the ranks would
-    draw the same noise for different samples. The distributed sampler keeps its own shared seed.
+    draw the same noise for different samples. The run's seed (PL_GLOBAL_SEED) stays as it was: the
+    distributed samplers and loader workers derive their seeds from it, and samplers must agree.
     """
 
     def __init__(self, seed: int) -> None:
@@ -19,4 +23,7 @@ class RankSeed(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1:
-            seed_everything(self.seed + trainer.global_rank, workers=True, verbose=False)
+            seed = self.seed + trainer.global_rank
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)  # all devices' generators too

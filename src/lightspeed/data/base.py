@@ -1,22 +1,35 @@
-"""A DataModule for data sets that fit in host memory as tensors: splits, normalisation, loaders."""
+"""A DataModule for data sets that fit in host memory as tensors: splits, normalisation, loaders
+(DataLoader with pinned memory and workers, or device-resident), transfer and on-device augmentation."""
 
 from __future__ import annotations
 
 import os
 from abc import abstractmethod
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.utilities import rank_zero_info
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed.config import ConfigError
+from lightspeed.data.augment import random_crop, random_flip
+from lightspeed.data.device_loader import DeviceLoader, EpochOrder
+
+#: Device-resident data may take at most this share of the device's free memory: the rest is for
+#: weights, optimizer state and activations.
+ON_DEVICE_MAX_SHARE = 0.5
 
 
-def auto_num_workers(devices_per_node: int) -> int:
-    """Loader workers per device: the CPUs this process may use, shared among devices, one kept for the
-    training process itself, at most 8 (more rarely helps and costs memory and start-up time)."""
+def auto_num_workers(devices_per_node: int, device_type: str = "cuda") -> int:
+    """Loader workers per device. On a GPU: the CPUs this process may use, shared among the devices, one
+    kept for the training process itself, at most 8. On a CPU: none, since workers would take cores
+    from the computation itself, and slicing in-memory tensors is cheap."""
+    if device_type != "cuda":
+        return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(0, min(8, cpus // max(1, devices_per_node) - 1))
 
@@ -39,6 +52,10 @@ class ArrayDataModule(L.LightningDataModule):
         num_workers: int | str = "auto",
         pin_memory: bool | str = "auto",
         persistent_workers: bool = True,
+        prefetch_factor: int | None = None,
+        non_blocking: bool | str = "auto",
+        on_device: bool | str = False,
+        augment: dict[str, Any] | None = None,
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
         split_seed: int = 0,
@@ -49,11 +66,17 @@ class ArrayDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self.non_blocking = non_blocking
+        self.on_device = on_device
+        self.augment = {"crop_padding": 0, "flip": False, **(augment or {})}
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         self.split_seed = split_seed
         self.normalize = normalize
+        self.channels_last = False  # set by lightspeed.accel when accel.channels_last is on
         self.splits: dict[str, TensorDataset] = {}
+        self._device_splits: dict[str, tuple[Tensor, Tensor]] = {}
 
     @abstractmethod
     def load_arrays(self) -> tuple[Tensor, Tensor]:
@@ -79,28 +102,64 @@ class ArrayDataModule(L.LightningDataModule):
             x = (x - train_x.mean()) / train_x.std().clamp_min(1e-8)
         self.splits = {name: TensorDataset(x[idx].contiguous(), y[idx]) for name, idx in parts.items()}
 
+    # --- where the batches come from -------------------------------------------------------------
+
+    @property
+    def _device(self) -> torch.device:
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+
+    def _ranks(self) -> tuple[int, int]:
+        return (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+
     def _resolved_num_workers(self) -> int:
         if self.num_workers != "auto":
             return int(self.num_workers)
-        return auto_num_workers(self.trainer.num_devices if self.trainer is not None else 1)
+        devices = self.trainer.num_devices if self.trainer is not None else 1
+        return auto_num_workers(devices, self._device.type)
 
     def _resolved_pin_memory(self) -> bool:
         """Pinned host memory only pays off when batches go to a CUDA device."""
         if self.pin_memory != "auto":
             return bool(self.pin_memory)
-        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return self._device.type == "cuda"
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def uses_device_loader(self) -> bool:
+        """`on_device`: true, false, or auto (true when the whole data set fits on the device)."""
+        if self.on_device is False:
+            return False
+        device = self._device
+        need = sum(t.numel() * t.element_size() for ds in self.splits.values() for t in ds.tensors)
+        if device.type != "cuda":
+            return True  # already in host memory: the in-memory fast path
+        free, _ = torch.cuda.mem_get_info(device)
+        if need <= ON_DEVICE_MAX_SHARE * free:
+            return True
+        gib = 2**30
+        message = (
+            f"data.on_device={self.on_device}: the data set needs {need / gib:.2f} GiB, more than "
+            f"{ON_DEVICE_MAX_SHARE:.0%} of the {free / gib:.1f} GiB free on {device}"
+        )
+        if self.on_device is True:
+            raise ConfigError(f"{message}: set data.on_device=auto or false")
+        rank_zero_info(f"{message}: using a DataLoader")
+        return False
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader | DeviceLoader:
+        rank, world = self._ranks()
+        if self.uses_device_loader():
+            if split not in self._device_splits:
+                self._device_splits[split] = tuple(t.to(self._device) for t in self.splits[split].tensors)
+            x, y = self._device_splits[split]
+            # The shuffle seed is the run's seed, as for Lightning's DistributedSampler: equal on all ranks.
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            return DeviceLoader(x, y, self.batch_size, EpochOrder(len(x), shuffle, seed, rank, world))
         workers = self._resolved_num_workers()
         sampler = None
-        if not shuffle and self.trainer is not None and self.trainer.world_size > 1:
+        if not shuffle and world > 1:
             # Evaluation under DDP: each sample on exactly one rank. Lightning's default sampler pads the
             # last batch with repeats, which would count some samples twice in val/test metrics.
             sampler = UnrepeatedDistributedSampler(
-                self.splits[split],
-                num_replicas=self.trainer.world_size,
-                rank=self.trainer.global_rank,
-                shuffle=False,
+                self.splits[split], num_replicas=world, rank=rank, shuffle=False
             )
         return DataLoader(
             self.splits[split],
@@ -110,16 +169,39 @@ class ArrayDataModule(L.LightningDataModule):
             num_workers=workers,
             pin_memory=self._resolved_pin_memory(),
             persistent_workers=self.persistent_workers and workers > 0,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("train", shuffle=True)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("val", shuffle=False)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("test", shuffle=False)
 
-    def predict_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("test", shuffle=False)
+
+    # --- what happens to a batch on its way to the model -----------------------------------------
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Host-to-device copies, asynchronous when `non_blocking` (they overlap compute only from
+        pinned memory). Batches of the device loader are already there: `.to` returns them as they are."""
+        non_blocking = self.non_blocking is True or (self.non_blocking == "auto" and device.type == "cuda")
+        return apply_to_collection(batch, Tensor, lambda t: t.to(device, non_blocking=non_blocking))
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Augment training batches on the device, where it is cheap; then set the memory format."""
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            return batch  # not an (inputs, labels) batch: e.g. the model summary's example input
+        x, y = batch
+        if self.trainer is not None and self.trainer.training and x.dim() == 4:
+            if self.augment["crop_padding"]:
+                x = random_crop(x, int(self.augment["crop_padding"]))
+            if self.augment["flip"]:
+                x = random_flip(x)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y

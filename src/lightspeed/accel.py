@@ -1,0 +1,119 @@
+"""The acceleration knobs: resolve `auto` values for the device this run trains on, then apply the
+knobs to torch, the model and the data.
+
+Knobs that live where their library reads them (`trainer.precision`, `trainer.benchmark`, the loader
+settings under `data.`) are resolved here; the rest live under `accel.` and are applied here. A knob
+that cannot help on this device becomes a no-op, and one info line lists every such knob.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from omegaconf import DictConfig, open_dict
+
+
+def device_type(cfg: DictConfig) -> str:
+    """`cuda`, `mps` or `cpu`: where `trainer.accelerator` will put this run."""
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    if accelerator == "mps" or (accelerator == "auto" and torch.backends.mps.is_available()):
+        return "mps"
+    return "cpu"
+
+
+def auto_precision(device: str) -> str:
+    """bf16 autocast where the GPU has bf16 units (Ampere and newer), else fp16 autocast with loss
+    scaling; fp32 elsewhere (CPU autocast is rarely faster, and has no loss scaling)."""
+    if device == "cuda":
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "32-true"
+
+
+def resolve(cfg: DictConfig) -> list[str]:
+    """Replace every `auto` knob in `cfg` by its value for this device, in place. Return the knobs that
+    were set explicitly but cannot take effect here (they are switched off, or left harmlessly set)."""
+    device = device_type(cfg)
+    cuda = device == "cuda"
+    idle: list[str] = []
+    with open_dict(cfg):
+        trainer, data = cfg.trainer, cfg.data
+        if trainer.get("precision") == "auto":
+            trainer.precision = auto_precision(device)
+        if trainer.get("benchmark") == "auto":
+            trainer.benchmark = cuda
+        elif trainer.get("benchmark") is True and not cuda:
+            idle.append("trainer.benchmark=true")  # only sets a cuDNN flag: harmless, kept
+        for key in ("pin_memory", "non_blocking"):
+            if data.get(key) == "auto":
+                data[key] = cuda
+            elif data.get(key) is True and not cuda:
+                idle.append(f"data.{key}=true")
+                data[key] = False  # pinning without CUDA only earns a warning from the DataLoader
+        idle += _resolve_optimizer_impl(cfg, device)
+    return idle
+
+
+def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
+    """`accel.optimizer_impl`: fused (one kernel for all parameters), foreach (a few batched kernels),
+    loop (one parameter at a time) or auto (torch's choice: foreach on CUDA). Passed to the optimizer."""
+    impl = str(cfg.get("accel", {}).get("optimizer_impl", "auto"))
+    if impl == "auto" or "model" not in cfg:  # eval builds no optimizer
+        return []
+    opt = cfg.model.optimizer
+    opt_cls = getattr(torch.optim, str(opt.name), None)
+    params = inspect.signature(opt_cls).parameters if isinstance(opt_cls, type) else {}
+    flag = "fused" if impl == "fused" else "foreach"
+    if flag not in params:
+        return [f"accel.optimizer_impl={impl} (torch.optim.{opt.name} has no {flag} option)"]
+    opt[flag] = impl != "loop"
+    return []
+
+
+def report_idle(idle: list[str], device: str) -> None:
+    if idle:
+        rank_zero_info(f"{device} run: no effect here, so left off: {'; '.join(idle)}")
+
+
+def apply_to_torch(cfg: DictConfig) -> None:
+    """Process-wide settings: float32 matmul precision ("high" lets CUDA use TF32 tensor cores)."""
+    torch.set_float32_matmul_precision(str(cfg.get("accel", {}).get("matmul_precision", "highest")))
+
+
+def apply_to_model(cfg: DictConfig, model: L.LightningModule, dm: Any) -> None:
+    """channels_last for the weights (and, through the DataModule, the inputs); torch.compile."""
+    accel = cfg.get("accel", {})
+    if accel.get("channels_last", False):
+        model.to(memory_format=torch.channels_last)
+        dm.channels_last = True
+    if accel.get("compile", False):
+        backend = str(accel.get("compile_backend", "inductor"))
+        problem = compile_problem(backend, device_type(cfg))
+        if problem:
+            rank_zero_warn(
+                f"accel.compile=true: torch.compile's {backend} backend fails here ({problem}); "
+                "training uncompiled"
+            )
+            return
+        # Module.compile() compiles in place: the state dict keeps its keys (no `_orig_mod.` prefix), so
+        # checkpoints load into compiled and uncompiled models alike.
+        model.net.compile(
+            mode=None if accel.compile_mode == "default" else accel.compile_mode, backend=backend
+        )
+
+
+def compile_problem(backend: str, device: str) -> str | None:
+    """Compile and run a two-op function: a missing compiler or Triton shows up here, in seconds,
+    rather than at the first training step. Returns the error's first line, or None."""
+    target = "cuda" if device == "cuda" else "cpu"
+    try:
+        fn = torch.compile(lambda x: torch.relu(x) * 2, backend=backend)
+        fn(torch.ones(8, device=target))
+    except Exception as err:  # any failure means: do not compile
+        return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return None
