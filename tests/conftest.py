@@ -32,8 +32,9 @@ Compose = Callable[..., DictConfig]
 def _restore_torch_state() -> Iterator[None]:
     """Runs change global torch flags (cudnn, matmul precision, RNG): leave each test as it found it."""
     benchmark, deterministic = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
-    rng = torch.get_rng_state()
+    rng, matmul = torch.get_rng_state(), torch.get_float32_matmul_precision()
     yield
+    torch.set_float32_matmul_precision(matmul)
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, deterministic
     torch.set_rng_state(rng)
     torch.use_deterministic_algorithms(False)

@@ -45,6 +45,35 @@ class RankProbe(L.Callback):
             "world_size": trainer.world_size,
             "initial_seed": torch.initial_seed(),
             "indices": list(iter(trainer.train_dataloader.sampler)),
-            "dataset_size": len(trainer.train_dataloader.dataset),
+            "dataset_size": len(trainer.datamodule.splits["train"]),
+            "loader": type(trainer.train_dataloader).__name__,
         }
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(facts))
+
+
+class BatchProbe(L.Callback):
+    """Records, for every training step, the memory formats of the batch and the first conv weight,
+    a fingerprint of the batch (to compare sample orders between runs), and the gradient norm after
+    clipping."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        x, y = batch
+        conv = next((m for m in pl_module.modules() if isinstance(m, torch.nn.Conv2d)), None)
+        self.steps.append(
+            {
+                "input_channels_last": x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last),
+                "weight_channels_last": conv is not None
+                and conv.weight.is_contiguous(memory_format=torch.channels_last),
+                "fingerprint": (y.tolist(), round(float(x.double().sum()), 6)),
+            }
+        )
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        grads = [p.grad.norm() for p in pl_module.parameters() if p.grad is not None]  # clipped, stepped
+        if grads:
+            self.steps[-1]["grad_norm"] = float(torch.stack(grads).norm())

@@ -45,8 +45,8 @@ def resolve(cfg: DictConfig) -> list[str]:
         trainer, data = cfg.trainer, cfg.data
         if trainer.get("precision") == "auto":
             trainer.precision = auto_precision(device)
-        if trainer.get("benchmark") == "auto":
-            trainer.benchmark = cuda
+        if trainer.get("benchmark") == "auto":  # autotuning picks kernels by timing: not reproducible
+            trainer.benchmark = cuda and not trainer.get("deterministic")
         elif trainer.get("benchmark") is True and not cuda:
             idle.append("trainer.benchmark=true")  # only sets a cuDNN flag: harmless, kept
         for key in ("pin_memory", "non_blocking"):

@@ -77,6 +77,8 @@ class ArrayDataModule(L.LightningDataModule):
         self.channels_last = False  # set by lightspeed.accel when accel.channels_last is on
         self.splits: dict[str, TensorDataset] = {}
         self._device_splits: dict[str, tuple[Tensor, Tensor]] = {}
+        self._train_loader: DeviceLoader | None = None  # its position is saved in checkpoints
+        self._train_position: dict[str, Any] | None = None  # restored from a checkpoint
 
     @abstractmethod
     def load_arrays(self) -> tuple[Tensor, Tensor]:
@@ -173,7 +175,21 @@ class ArrayDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader | DeviceLoader:
-        return self._loader("train", shuffle=True)
+        loader = self._loader("train", shuffle=True)
+        if isinstance(loader, DeviceLoader):
+            if self._train_position is not None:
+                loader.load_state_dict(self._train_position)
+            self._train_loader = loader
+        return loader
+
+    # The device loader's position travels in the checkpoint through the DataModule's state, which
+    # Lightning restores before it builds the loaders. Its own state_dict would be lost whenever
+    # `trainer.estimated_stepping_batches` builds the loader before the restore (Lightning #20550).
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_position": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._train_position = state_dict.get("train_position")
 
     def val_dataloader(self) -> DataLoader | DeviceLoader:
         return self._loader("val", shuffle=False)

@@ -35,6 +35,10 @@ class EpochOrder:
             return self.n // self.world_size
         return len(range(self.rank, self.n, self.world_size))
 
+    def __iter__(self) -> Iterator[int]:
+        """This epoch's indices, as a sampler gives them."""
+        return iter(self.indices(torch.device("cpu")).tolist())
+
     def indices(self, device: torch.device) -> Tensor:
         if not self.shuffle:
             return torch.arange(self.rank, self.n, self.world_size, device=device)
@@ -56,6 +60,7 @@ class DeviceLoader:
     def __init__(self, x: Tensor, y: Tensor, batch_size: int, order: EpochOrder) -> None:
         self.x, self.y, self.batch_size = x, y, batch_size
         self.sampler = order  # the attribute Lightning looks for to call set_epoch
+        self.batch_sampler = None  # Lightning reads it wherever there is a sampler
         self._served = 0  # batches of the current epoch already served
         self._served_epoch = order.epoch
 

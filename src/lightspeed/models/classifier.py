@@ -3,6 +3,7 @@ schedule from the config."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +69,12 @@ class Classifier(L.LightningModule):
         probs = self(x).softmax(dim=-1)
         return {"pred": probs.argmax(dim=-1), "prob": probs.max(dim=-1).values, "target": y}
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Drop the `_orig_mod.` that `torch.compile(module)` wrappers add to state-dict keys, so a
+        checkpoint always loads into an uncompiled model (Lightspeed itself compiles in place)."""
+        state = checkpoint["state_dict"]
+        checkpoint["state_dict"] = {key.replace("_orig_mod.", ""): value for key, value in state.items()}
+
     def configure_optimizers(self) -> Any:
         opt_cfg = dict(self.hparams["optimizer"])
         name = opt_cfg.pop("name")
@@ -86,6 +93,10 @@ class Classifier(L.LightningModule):
         if kind == "cosine":
             scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, **sched_cfg)
         elif kind == "onecycle":
+            # OneCycleLR divides by each phase's length in steps - 1: in tiny runs (debug=fdr) keep
+            # both phases at least 2 steps long; the run simply ends before the schedule does.
+            pct = float(sched_cfg.get("pct_start", 0.3))
+            steps = max(steps, math.ceil(2 / min(pct, 1 - pct)) + 1)
             scheduler = torch.optim.lr_scheduler.OneCycleLR(
                 optimizer, max_lr=opt_cfg["lr"], total_steps=steps, **sched_cfg
             )

@@ -1,0 +1,214 @@
+"""Each acceleration knob, read back from the real state after setup: torch flags, memory formats,
+the compiled module, DataLoader attributes, optimizer flags. GPU-only knobs are no-ops on a CPU."""
+
+from __future__ import annotations
+
+import logging
+from unittest import mock
+
+import pytest
+import torch
+
+from conftest import TINY
+from lightspeed import accel
+from lightspeed.data import DigitsDataModule
+from lightspeed.train import train
+from probes import BatchProbe
+
+FIT_ONLY = [*TINY, "trainer.max_epochs=1", "test_after_fit=false"]
+
+
+def test_presets_compose_to_what_they_promise(train_cfg) -> None:
+    off, default, fast = (train_cfg(f"accel={p}") for p in ("off", "default", "max"))
+    assert (off.trainer.precision, off.data.num_workers, off.data.pin_memory, off.accel.compile) == (
+        "32-true",
+        0,
+        False,
+        False,
+    )
+    assert (default.trainer.precision, default.data.num_workers, default.data.pin_memory) == (
+        "auto",
+        "auto",
+        "auto",
+    )
+    assert default.accel.matmul_precision == "high" and default.data.persistent_workers is True
+    assert (fast.accel.channels_last, fast.accel.compile, fast.accel.optimizer_impl, fast.data.on_device) == (
+        True,
+        True,
+        "fused",
+        "auto",
+    )
+    assert train_cfg().trainer.precision == "auto"  # accel=default is the default
+
+
+def test_auto_values_on_a_cpu(train_cfg) -> None:
+    cfg = train_cfg("trainer.accelerator=cpu")
+    assert accel.resolve(cfg) == []
+    assert (cfg.trainer.precision, cfg.trainer.benchmark, cfg.data.pin_memory, cfg.data.non_blocking) == (
+        "32-true",
+        False,
+        False,
+        False,
+    )
+
+
+@pytest.mark.parametrize(("bf16", "expected"), [(True, "bf16-mixed"), (False, "16-mixed")])
+def test_auto_values_on_a_gpu(train_cfg, monkeypatch, bf16: bool, expected: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    cfg = train_cfg()
+    accel.resolve(cfg)
+    assert (cfg.trainer.precision, cfg.trainer.benchmark, cfg.data.pin_memory, cfg.data.non_blocking) == (
+        expected,
+        True,
+        True,
+        True,
+    )
+
+
+def test_gpu_only_knobs_on_a_cpu_are_no_ops_with_one_info_line(train_cfg, caplog) -> None:
+    probe = BatchProbe()
+    with caplog.at_level(logging.INFO):
+        result = train(
+            train_cfg(
+                *FIT_ONLY,
+                "trainer.accelerator=cpu",
+                "data.pin_memory=true",
+                "data.non_blocking=true",
+                "trainer.benchmark=true",
+            ),
+            [probe],
+        )
+    lines = [r.getMessage() for r in caplog.records if "no effect here" in r.getMessage()]
+    assert lines == [
+        "cpu run: no effect here, so left off: trainer.benchmark=true; data.pin_memory=true; "
+        "data.non_blocking=true"
+    ]
+    assert result.trainer.train_dataloader.pin_memory is False
+
+
+def test_matmul_precision_reaches_torch(train_cfg) -> None:
+    train(train_cfg(*FIT_ONLY, "accel.matmul_precision=medium"))
+    assert torch.get_float32_matmul_precision() == "medium"
+
+
+def test_deterministic_reaches_torch_and_turns_auto_benchmark_off(train_cfg, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # where benchmark=auto would be on
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    cfg = train_cfg("trainer.deterministic=true")
+    accel.resolve(cfg)
+    assert cfg.trainer.benchmark is False
+    monkeypatch.undo()
+    train(train_cfg(*FIT_ONLY, "trainer.deterministic=true"))
+    # deterministic algorithms everywhere, cuDNN's included; no autotuning
+    assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark is False
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_channels_last_reaches_weights_and_inputs(train_cfg, on: bool) -> None:
+    probe = BatchProbe()
+    rgb = ["data=synthetic", "data.num_samples=512", "data.shape=[3,16,16]"]  # 1 channel: both formats alike
+    train(train_cfg(*FIT_ONLY, *rgb, f"accel.channels_last={str(on).lower()}"), [probe])
+    assert all(s["weight_channels_last"] is on and s["input_channels_last"] is on for s in probe.steps)
+
+
+def test_compile_compiles_the_net_in_place(train_cfg) -> None:
+    result = train(train_cfg(*FIT_ONLY, "model=mlp", "accel.compile=true", "accel.compile_backend=eager"))
+    net = result.model.net
+    assert net._compiled_call_impl is not None  # Module.compile(): same class, same state-dict keys
+    assert not any("_orig_mod" in k for k in result.model.state_dict())
+
+
+def test_compile_falls_back_with_one_line_when_the_backend_fails(train_cfg, caplog) -> None:
+    with pytest.warns(UserWarning, match=r"backend fails here .*; training uncompiled"):
+        result = train(
+            train_cfg(
+                *FIT_ONLY,
+                "model=mlp",
+                "accel.compile=true",
+                "accel.compile_backend=relu_compile_error_TESTING_ONLY",
+            )
+        )
+    assert result.model.net._compiled_call_impl is None
+    assert result.trainer.global_step == 5  # and it trained
+
+
+def test_unknown_compile_backend_is_a_config_error(train_cfg) -> None:
+    from lightspeed.config import ConfigError, validate_train
+
+    with pytest.raises(
+        ConfigError, match=r"^accel\.compile_backend='nope' is invalid: use a torch\.compile backend"
+    ):
+        validate_train(train_cfg("accel.compile_backend=nope"))
+
+
+@pytest.mark.parametrize(
+    ("impl", "flags"),
+    [
+        ("fused", {"fused": True}),
+        ("foreach", {"foreach": True}),
+        ("loop", {"foreach": False}),
+        ("auto", {"fused": None, "foreach": None}),
+    ],
+)
+def test_optimizer_impl_reaches_the_optimizer(train_cfg, impl: str, flags: dict) -> None:
+    result = train(train_cfg(*FIT_ONLY, f"accel.optimizer_impl={impl}"))
+    defaults = result.trainer.optimizers[0].defaults
+    assert {k: defaults.get(k) for k in flags} == flags
+
+
+def test_optimizer_without_a_fused_kernel_is_left_alone_with_a_note(train_cfg) -> None:
+    cfg = train_cfg("model.optimizer.name=RMSprop", "accel.optimizer_impl=fused")
+    assert accel.resolve(cfg) == ["accel.optimizer_impl=fused (torch.optim.RMSprop has no fused option)"]
+    assert "fused" not in cfg.model.optimizer
+
+
+def test_loader_knobs_reach_the_dataloader(train_cfg) -> None:
+    result = train(
+        train_cfg(
+            *FIT_ONLY,
+            "data.num_workers=2",
+            "data.persistent_workers=true",
+            "data.prefetch_factor=4",
+            "data.pin_memory=false",
+        )
+    )
+    loader = result.trainer.train_dataloader
+    assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor, loader.pin_memory) == (
+        2,
+        True,
+        4,
+        False,
+    )
+
+
+def test_non_blocking_reaches_the_host_to_device_copy() -> None:
+    seen = []
+    real_to = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("non_blocking"))
+        return real_to(self, *args, **kwargs)
+
+    batch = (torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.long))
+    for knob, expected in ((True, True), (False, False), ("auto", False)):  # auto: only towards CUDA
+        seen.clear()
+        with mock.patch.object(torch.Tensor, "to", spy):
+            DigitsDataModule(non_blocking=knob).transfer_batch_to_device(batch, torch.device("cpu"), 0)
+        assert seen == [expected, expected]
+
+
+def test_gradient_clipping_bounds_the_gradient_norm(train_cfg) -> None:
+    probe = BatchProbe()
+    train(train_cfg(*FIT_ONLY, "trainer.gradient_clip_val=0.01"), [probe])
+    norms = [s["grad_norm"] for s in probe.steps]
+    assert len(norms) == 5 and max(norms) <= 0.01 + 1e-6
+
+
+def test_max_preset_trains_on_cpu_with_device_resident_data(train_cfg) -> None:
+    probe = BatchProbe()
+    rgb = ["data=synthetic", "data.num_samples=512", "data.shape=[3,16,16]"]
+    result = train(train_cfg(*FIT_ONLY, *rgb, "accel=max", "accel.compile_backend=eager"), [probe])
+    assert type(result.trainer.train_dataloader).__name__ == "DeviceLoader"
+    assert result.trainer.optimizers[0].defaults["fused"] is True
+    assert all(s["input_channels_last"] and s["weight_channels_last"] for s in probe.steps)

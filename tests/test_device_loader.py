@@ -1,0 +1,136 @@
+"""The device-resident loader: full coverage each epoch, determinism, disjoint DDP shards, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from conftest import TINY, run_module
+from lightspeed.data.augment import random_crop, random_flip
+from lightspeed.data.device_loader import DeviceLoader, EpochOrder
+from lightspeed.train import train
+from probes import BatchProbe
+
+
+def loader(
+    n: int, seed: int = 0, rank: int = 0, world: int = 1, shuffle: bool = True, bs: int = 8
+) -> DeviceLoader:
+    x = torch.arange(n, dtype=torch.float32).view(n, 1)
+    return DeviceLoader(x, torch.arange(n), bs, EpochOrder(n, shuffle, seed, rank, world))
+
+
+def epoch_labels(dl: DeviceLoader, epoch: int) -> list[int]:
+    dl.sampler.set_epoch(epoch)
+    return [i for _, y in dl for i in y.tolist()]
+
+
+@pytest.mark.parametrize("n", [64, 67])
+def test_each_epoch_covers_every_sample_once(n: int) -> None:
+    dl = loader(n)
+    for epoch in range(3):
+        assert sorted(epoch_labels(dl, epoch)) == list(range(n))
+    assert len(dl) == -(-n // 8)
+
+
+def test_order_is_fixed_by_seed_and_epoch_and_changes_between_epochs() -> None:
+    a, b, c = loader(100, seed=1), loader(100, seed=1), loader(100, seed=2)
+    assert epoch_labels(a, 0) == epoch_labels(b, 0) != epoch_labels(c, 0)
+    assert epoch_labels(a, 0) != epoch_labels(a, 1)
+    assert epoch_labels(a, 5) == epoch_labels(b, 5)
+
+
+def test_ranks_get_disjoint_equal_shards_and_a_new_deal_each_epoch() -> None:
+    n, world = 101, 2
+    for epoch in range(2):
+        shards = [epoch_labels(loader(n, seed=3, rank=r, world=world), epoch) for r in range(world)]
+        assert len(shards[0]) == len(shards[1]) == n // world  # equal step counts: DDP needs them
+        assert not set(shards[0]) & set(shards[1])
+    evals = [epoch_labels(loader(n, rank=r, world=world, shuffle=False), 0) for r in range(world)]
+    assert sorted(evals[0] + evals[1]) == list(range(n))  # evaluation: every sample exactly once
+
+
+def test_resumes_mid_epoch_in_the_same_order() -> None:
+    full = epoch_labels(loader(50, seed=7), 2)
+    first = loader(50, seed=7)
+    first.sampler.set_epoch(2)
+    it = iter(first)
+    seen = [i for _ in range(3) for i in next(it)[1].tolist()]
+    state = first.state_dict()
+    assert state == {"epoch": 2, "batches_served": 3}
+    second = loader(50, seed=7)
+    second.load_state_dict(state)
+    second.sampler.set_epoch(2)  # Lightning sets the epoch again when it resumes
+    rest = [i for _, y in second for i in y.tolist()]
+    assert seen + rest == full
+    assert sorted(epoch_labels(second, 3)) == list(range(50))  # the next epoch starts from its beginning
+
+
+def test_augmentations_keep_shape_and_content() -> None:
+    x = torch.arange(2 * 3 * 6 * 6, dtype=torch.float32).view(2, 3, 6, 6)
+    torch.manual_seed(0)
+    cropped = random_crop(x, 2)
+    assert cropped.shape == x.shape
+    assert not torch.equal(cropped, x)  # shifted
+    torch.manual_seed(0)
+    assert torch.equal(random_crop(x, 2), cropped)  # reproducible from the seed
+    flipped = random_flip(x.repeat(20, 1, 1, 1))
+    mirrored = [torch.equal(f, x[i % 2].flip(-1)) for i, f in enumerate(flipped)]
+    same = [torch.equal(f, x[i % 2]) for i, f in enumerate(flipped)]
+    assert all(m or s for m, s in zip(mirrored, same, strict=True)) and 5 < sum(mirrored) < 35
+
+
+class Interrupt(L.Callback):
+    """Saves a checkpoint after `step` optimizer steps, mid-epoch, and stops, as a crash would."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True
+
+
+def test_training_resumed_mid_epoch_sees_the_same_batches(train_cfg, tmp_path: Path) -> None:
+    args = [
+        *TINY,
+        "data.on_device=true",
+        "test_after_fit=false",
+        "++trainer.limit_train_batches=null",
+        "data.batch_size=256",
+        "trainer.max_epochs=2",
+    ]
+    whole = BatchProbe()
+    train(train_cfg(*args), [whole])
+    assert len(whole.steps) == 2 * 5  # 1258 samples, batch 256: 5 steps an epoch
+    ckpt = tmp_path / "mid.ckpt"
+    train(train_cfg(*args), [Interrupt(3, ckpt)])
+    resumed = BatchProbe()
+    train(train_cfg(*args, f"ckpt_path={ckpt}"), [resumed])
+    # loss of precision aside, the same batches in the same order as the uninterrupted run
+    assert [s["fingerprint"] for s in resumed.steps] == [s["fingerprint"] for s in whole.steps[3:]]
+
+
+@pytest.mark.slow
+def test_ddp_cpu_ranks_get_disjoint_device_resident_shards(tmp_path: Path) -> None:
+    proc = run_module(
+        "lightspeed.train",
+        "trainer=ddp_cpu",
+        "debug=limit",
+        "data.on_device=true",
+        "callbacks.rich_progress_bar=null",
+        "+trainer.enable_progress_bar=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "+callbacks.probe._target_=probes.RankProbe",
+        f"+callbacks.probe.out={tmp_path / 'probe'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert {r["loader"] for r in ranks} == {"DeviceLoader"}
+    a, b = (set(r["indices"]) for r in ranks)
+    assert not a & b and len(a) == len(b) == ranks[0]["dataset_size"] // 2
