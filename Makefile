@@ -23,7 +23,7 @@ _cli := $(filter-out PYTHON=% VENV=% TORCH=% ARGS=%,$(subst \$(_space),@SPACE@,$
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 .DEFAULT_GOAL := help
-.PHONY: help install train eval test test-full lint format clean
+.PHONY: help install train eval test test-full bench-data gpu-check lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -48,6 +48,12 @@ test: $(STAMP)  ## the fast test suite (under ~5 min on 2 CPU cores)
 
 test-full: $(STAMP)  ## every test, the slow ones too
 	$(PY) -m pytest $(ARGS)
+
+bench-data: $(STAMP)  ## device-resident loader vs DataLoader: samples/s (scripts/bench_data.py)
+	$(PY) scripts/bench_data.py $(ARGS)
+
+gpu-check: $(STAMP)  ## every GPU check in one go, results in gpu_out/ (scripts/gpu_check.sh)
+	PY=$(PY) bash scripts/gpu_check.sh
 
 lint: $(STAMP)  ## ruff: lint and format check
 	$(PY) -m ruff check .

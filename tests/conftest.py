@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from lightspeed import CONF_DIR
+from lightspeed.entry import compose_config
 from lightspeed.noise import silence_known_noise
 
 REPO = CONF_DIR.parent
@@ -38,24 +36,6 @@ def _restore_torch_state() -> Iterator[None]:
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, deterministic
     torch.set_rng_state(rng)
     torch.use_deterministic_algorithms(False)
-
-
-def compose_config(config_name: str, overrides: list[str], log_dir: Path) -> DictConfig:
-    """The config a command line `python -m lightspeed.<config_name> <overrides>` would produce, with
-    logs under `log_dir` and this run's outputs in `log_dir/<config_name>/runs/test`, and Hydra's
-    runtime state set as during a real run."""
-    GlobalHydra.instance().clear()
-    run_dir = log_dir / config_name / "runs" / "test"
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            config_name,
-            overrides=[f"paths.output_dir={run_dir}", f"paths.log_dir={log_dir}", *overrides],
-            return_hydra_config=True,
-        )
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg.hydra
-    return cfg
 
 
 @pytest.fixture

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
 
 from lightspeed import CONF_DIR
 from lightspeed.config import check_group_choices, exit_on_config_error
@@ -29,3 +33,21 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
         _run()
 
     return main
+
+
+def compose_config(config_name: str, overrides: list[str], log_dir: Path) -> DictConfig:
+    """The config that `python -m lightspeed.<config_name> <overrides>` would run with, for use from
+    Python (tests, benchmarks): logs under `log_dir`, this run's outputs in
+    `log_dir/<config_name>/runs/test`, and Hydra's runtime state set as during a real run."""
+    GlobalHydra.instance().clear()
+    run_dir = log_dir / config_name / "runs" / "test"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            config_name,
+            overrides=[f"paths.output_dir={run_dir}", f"paths.log_dir={log_dir}", *overrides],
+            return_hydra_config=True,
+        )
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg.hydra
+    return cfg
