@@ -125,7 +125,8 @@ def main() -> None:
         f"{args.steps - args.warmup} timed steps after {args.warmup}\n"
     )
     print(
-        "| preset | precision | loader | samples/s | vs first | peak allocated GiB | peak reserved GiB | peak RSS GiB |"
+        "| preset | precision | loader | samples/s | vs first "
+        "| peak allocated GiB | peak reserved GiB | peak RSS GiB |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
