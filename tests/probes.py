@@ -4,11 +4,14 @@ tests put this folder on PYTHONPATH and add them with `+callbacks.<name>._target
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+
+from lightspeed.data import DigitsDataModule
 
 
 class AutocastProbe(L.Callback):
@@ -77,3 +80,29 @@ class BatchProbe(L.Callback):
         grads = [p.grad.norm() for p in pl_module.parameters() if p.grad is not None]  # clipped, stepped
         if grads:
             self.steps[-1]["grad_norm"] = float(torch.stack(grads).norm())
+
+
+class SlowLoader:
+    """Wraps a loader and sleeps before each batch, as a slow disk or decoder would."""
+
+    def __init__(self, loader: Any, seconds: float) -> None:
+        self.loader, self.seconds = loader, seconds
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Any:
+        for batch in self.loader:
+            time.sleep(self.seconds)
+            yield batch
+
+
+class SlowDigits(DigitsDataModule):
+    """Digits whose training batches take `delay` seconds each to arrive."""
+
+    def __init__(self, delay: float = 0.02, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay = delay
+
+    def train_dataloader(self) -> Any:
+        return SlowLoader(super().train_dataloader(), self.delay)

@@ -1,5 +1,6 @@
 """Lightning callbacks that Lightspeed adds to every run."""
 
 from lightspeed.callbacks.rank_seed import RankSeed
+from lightspeed.callbacks.speed import SpeedReport
 
-__all__ = ["RankSeed"]
+__all__ = ["RankSeed", "SpeedReport"]

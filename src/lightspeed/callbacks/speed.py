@@ -1,0 +1,249 @@
+"""Where the training time goes, measured on every run at almost no cost.
+
+Per step, only host timestamps are taken (two `perf_counter` calls): no device sync. The device is
+synchronised only where the numbers need it: when the warm-up steps end, around validation, and when
+training ends; so samples/s is exact on a GPU too, while per-step figures are the host's cadence.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from rich.console import Console
+from rich.table import Table
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightspeed import device as device_facts
+
+SPEED_FILE = "speed.json"
+
+
+class SpeedReport(L.Callback):
+    """Samples/s, step time (median, p95), the share of time spent waiting for data, peak memory,
+    FLOPs per batch and MFU; a table, `speed.json` in the run directory, and `speed/*` in the loggers.
+
+    `warmup_steps` are left out (compilation, cuDNN autotuning, worker start-up). A one-line diagnosis
+    follows when waiting for data exceeds `data_wait_warn` of the time, or when a GPU run's model is too
+    small to keep the GPU busy.
+    """
+
+    def __init__(self, warmup_steps: int = 5, data_wait_warn: float = 0.2) -> None:
+        self.warmup_steps = warmup_steps
+        self.data_wait_warn = data_wait_warn
+        self._reset()
+
+    def _reset(self) -> None:
+        self.steps = 0  # timed steps (after warm-up)
+        self.samples = 0
+        self.step_times: list[float] = []
+        self.wait_times: list[float] = []
+        self.train_seconds = 0.0
+        self.flops_per_batch: float | None = None
+        self.report: dict[str, Any] = {}
+        self._prev_end: float | None = None
+        self._clock: float | None = None  # start of the current timed interval
+        self._seen = 0
+
+    # --- timing -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _sync(trainer: L.Trainer) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)
+
+    def _start_clock(self, trainer: L.Trainer) -> None:
+        self._sync(trainer)
+        self._clock = time.perf_counter()
+
+    def _stop_clock(self, trainer: L.Trainer) -> None:
+        if self._clock is not None:
+            self._sync(trainer)
+            self.train_seconds += time.perf_counter() - self._clock
+            self._clock = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset()
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        now = time.perf_counter()
+        if self._seen == self.warmup_steps:
+            self._start_clock(trainer)
+            now = self._clock
+        elif self._clock is not None and self._prev_end is not None:
+            self.wait_times.append(now - self._prev_end)  # fetching and moving the next batch
+        if self.flops_per_batch is None and self._seen == 0:
+            self.flops_per_batch = measure_flops(pl_module, batch)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        now = time.perf_counter()
+        self._seen += 1
+        if self._clock is not None:
+            if self._prev_end is not None:
+                self.step_times.append(now - self._prev_end)
+            self.steps += 1
+            self.samples += _batch_size(batch)
+        self._prev_end = now if self._clock is not None else None
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":  # validation inside fit is not training time
+            self._stop_clock(trainer)
+            self._prev_end = None
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and self._seen >= self.warmup_steps and not trainer.sanity_checking:
+            self._start_clock(trainer)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._prev_end = None  # a new epoch's first batch waits for the iterator to be made: not counted
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._stop_clock(trainer)
+        self.report = self._compute(trainer)
+        self._publish(trainer)
+
+    # --- the numbers --------------------------------------------------------------------------------
+
+    def _compute(self, trainer: L.Trainer) -> dict[str, Any]:
+        dev = trainer.strategy.root_device
+        world = trainer.world_size
+        per_device = self.samples / self.train_seconds if self.train_seconds > 0 else None
+        step_s = self.train_seconds / self.steps if self.steps else None
+        report: dict[str, Any] = {
+            "device": device_facts.name(dev),
+            "devices": world,
+            "precision": str(trainer.precision),
+            "timed_steps": self.steps,
+            "warmup_steps": min(self.warmup_steps, self._seen),
+            "samples": self.samples,
+            "train_seconds": self.train_seconds,
+            "samples_per_s": per_device * world if per_device else None,
+            "samples_per_s_per_device": per_device,
+            "step_ms_mean": step_s * 1e3 if step_s else None,
+            "step_ms_median": statistics.median(self.step_times) * 1e3 if self.step_times else None,
+            "step_ms_p95": _quantile(self.step_times, 0.95) * 1e3 if self.step_times else None,
+            "data_wait_share": sum(self.wait_times) / self.train_seconds if self.train_seconds > 0 else None,
+            "flops_per_batch": self.flops_per_batch,
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        }
+        if dev.type == "cuda":
+            report["peak_allocated_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
+            report["peak_reserved_gib"] = torch.cuda.max_memory_reserved(dev) / 2**30
+        mode = device_facts.math_mode(str(trainer.precision), torch.get_float32_matmul_precision())
+        peak = device_facts.peak_flops(report["device"], mode) if dev.type == "cuda" else None
+        report["peak_flops"] = peak
+        report["mfu"] = (
+            self.flops_per_batch * self.steps / self.train_seconds / peak
+            if peak and self.flops_per_batch and self.train_seconds > 0
+            else None
+        )
+        report["diagnosis"] = self._diagnose(report, dev.type)
+        return report
+
+    def _diagnose(self, r: dict[str, Any], device_type: str) -> list[str]:
+        notes = []
+        if r["data_wait_share"] is not None and r["data_wait_share"] > self.data_wait_warn:
+            notes.append(
+                f"data loading takes {r['data_wait_share']:.0%} of training time: try more loader workers "
+                "(data.num_workers=auto, accel=default), pinned memory (data.pin_memory=true) or keeping the "
+                "data set on the device (data.on_device=auto, accel=max)"
+            )
+        if device_type == "cuda" and r["step_ms_mean"] is not None:
+            small = r["step_ms_mean"] < 5 or (r["mfu"] is not None and r["mfu"] < 0.02)
+            if small:
+                mfu = f", {r['mfu']:.1%} of its peak" if r["mfu"] is not None else ""
+                notes.append(
+                    f"the model is too small to keep the GPU busy ({r['step_ms_mean']:.1f} ms a step{mfu}): "
+                    "use larger batches, accel=max (torch.compile), or compare with trainer=cpu"
+                )
+        return notes
+
+    @rank_zero_only
+    def _publish(self, trainer: L.Trainer) -> None:
+        r = self.report
+        run_dir = Path(trainer.default_root_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / SPEED_FILE).write_text(json.dumps(r, indent=2) + "\n")
+        metrics = {
+            f"speed/{k}": float(v) for k, v in r.items() if isinstance(v, (int, float)) and v is not None
+        }
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.save()
+        Console().print(_table(r))
+        for note in r["diagnosis"]:
+            rank_zero_info(f"speed: {note}")
+
+
+def measure_flops(pl_module: L.LightningModule, batch: Any) -> float | None:
+    """FLOPs of one training step's forward and backward, counted on a copy of the net on the `meta`
+    device (shapes only: no memory, no time, no effect on the run). None for modules without a `net`."""
+    hparams = getattr(pl_module, "hparams", {})
+    if not {"net", "input_shape", "num_classes"} <= set(hparams):
+        return None
+    from lightspeed.models.nets import build_net
+
+    with torch.device("meta"):
+        net = build_net(hparams["net"], hparams["input_shape"], hparams["num_classes"])
+        x = torch.empty(_batch_size(batch), *hparams["input_shape"])
+    counter = FlopCounterMode(display=False)
+    with counter:
+        net(x).sum().backward()
+    return float(counter.get_total_flops())
+
+
+def _batch_size(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return len(first)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _table(r: dict[str, Any]) -> Table:
+    def fmt(value: Any, spec: str, unit: str = "") -> str:
+        return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+    table = Table(title="Lightspeed: where the training time went", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    rows = [
+        ("device", f"{r['devices']} x {r['device']}, {r['precision']}"),
+        ("throughput", fmt(r["samples_per_s"], ",.0f", " samples/s")),
+        (
+            "step time",
+            f"{fmt(r['step_ms_mean'], '.2f', ' ms')} mean, {fmt(r['step_ms_median'], '.2f', ' ms')} "
+            f"median, {fmt(r['step_ms_p95'], '.2f', ' ms')} p95",
+        ),
+        ("waiting for data", fmt(r["data_wait_share"], ".1%", " of training time")),
+        (
+            "timed",
+            f"{r['timed_steps']} steps after {r['warmup_steps']} warm-up steps, {r['train_seconds']:.2f} s",
+        ),
+        ("FLOPs per batch", fmt(r["flops_per_batch"], ".3g")),
+        ("MFU", fmt(r["mfu"], ".1%") + (" of dense peak" if r["mfu"] is not None else " (no peak figure)")),
+        (
+            "peak memory",
+            f"{fmt(r.get('peak_allocated_gib'), '.2f', ' GiB')} allocated, "
+            f"{fmt(r.get('peak_reserved_gib'), '.2f', ' GiB')} reserved on the device; "
+            f"{r['peak_rss_gib']:.2f} GiB host RSS",
+        ),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table

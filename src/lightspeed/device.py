@@ -1,0 +1,56 @@
+"""Facts about the device a run trains on: name, memory, capability, dense peak FLOP/s.
+
+One module that doctor, the speed report and the accel knobs all read.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+# Dense (not 2:4 sparse) peak FLOP/s from NVIDIA's data sheets, by (model, form factor) and math mode.
+# Lightning 2.6.6's table lists the sparse figures and misses "NVIDIA H200" as the driver spells it.
+_PEAKS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.7e12, "fp32": 66.9e12},
+    "H100 SXM": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.7e12, "fp32": 66.9e12},
+    "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12, "fp32": 60e12},
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51.2e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+}
+
+
+def gpu_model(name: str) -> str | None:
+    """The `_PEAKS` key for a device name as the driver reports it ("NVIDIA H200", "NVIDIA H100 80GB
+    HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", ...), or None for a GPU we have no figures for."""
+    upper = name.upper()
+    if "H200" in upper:
+        return "H200"
+    if "H100" in upper:
+        if "NVL" in upper:
+            return "H100 NVL"
+        return "H100 PCIe" if re.search(r"PCIE", upper) else "H100 SXM"
+    if "A100" in upper:
+        return "A100"
+    return None
+
+
+def math_mode(precision: str, matmul_precision: str) -> str:
+    """Which peak applies: what the matmuls of a run with this precision setting compute in."""
+    if precision.startswith("bf16"):
+        return "bf16"
+    if precision.startswith("16"):
+        return "fp16"
+    return "fp32" if matmul_precision == "highest" else "tf32"
+
+
+def peak_flops(name: str, mode: str) -> float | None:
+    """Dense peak FLOP/s of one device for a math mode, None where unknown (CPUs, other GPUs)."""
+    model = gpu_model(name)
+    return _PEAKS[model][mode] if model else None
+
+
+def name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type} ({torch.get_num_threads()} threads)"

@@ -1,0 +1,117 @@
+"""The speed report: consistent with what ran, cheap, and honest about data loading."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY
+from lightspeed.callbacks.speed import SPEED_FILE
+from lightspeed.device import gpu_model, math_mode, peak_flops
+from lightspeed.train import train
+
+KEYS = {
+    "device",
+    "devices",
+    "precision",
+    "timed_steps",
+    "warmup_steps",
+    "samples",
+    "train_seconds",
+    "samples_per_s",
+    "samples_per_s_per_device",
+    "step_ms_mean",
+    "step_ms_median",
+    "step_ms_p95",
+    "data_wait_share",
+    "flops_per_batch",
+    "peak_rss_gib",
+    "peak_flops",
+    "mfu",
+    "diagnosis",
+}
+
+
+def speed_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / SPEED_FILE).read_text())
+
+
+def test_report_is_consistent_with_what_ran(train_cfg, run_dir: Path) -> None:
+    result = train(train_cfg(*TINY, "callbacks.speed_report.warmup_steps=3", "test_after_fit=false"))
+    r = speed_of(run_dir)
+    assert set(r) >= KEYS
+    assert result.trainer.global_step == 10 and r["warmup_steps"] == 3 and r["timed_steps"] == 7
+    assert r["samples"] == r["timed_steps"] * 64  # every timed step had a full batch of 64
+    assert r["samples_per_s"] == pytest.approx(r["samples"] / r["train_seconds"])
+    assert r["step_ms_mean"] == pytest.approx(1e3 * r["train_seconds"] / r["timed_steps"])
+    assert 0 <= r["data_wait_share"] < 1 and r["step_ms_median"] <= r["step_ms_p95"]
+    # the CNN on a 64-image batch: forward ~1.2 MFLOP an image, backward about twice that
+    assert 1.5e8 < r["flops_per_batch"] < 3.5e8
+    assert r["mfu"] is None and r["peak_flops"] is None  # no peak figure for a CPU
+    metrics = (run_dir / "csv" / "metrics.csv").read_text()
+    assert "speed/samples_per_s" in metrics.splitlines()[0]  # the same numbers reach the logger
+
+
+def test_data_wait_diagnosis_fires_on_slow_data(train_cfg, run_dir: Path, caplog) -> None:
+    with caplog.at_level(logging.INFO):
+        train(
+            train_cfg(
+                *TINY,
+                "data._target_=probes.SlowDigits",
+                "+data.delay=0.05",
+                "model=mlp",
+                "callbacks.speed_report.warmup_steps=1",
+                "test_after_fit=false",
+            )
+        )
+    r = speed_of(run_dir)
+    assert r["data_wait_share"] > 0.5
+    notes = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("speed: data loading")]
+    assert len(notes) == 1 and "data.num_workers" in notes[0] and "data.on_device" in notes[0]
+
+
+def test_data_wait_diagnosis_stays_quiet_on_fast_data(train_cfg, run_dir: Path, caplog) -> None:
+    with caplog.at_level(logging.INFO):
+        train(
+            train_cfg(
+                *TINY, "data.on_device=true", "callbacks.speed_report.warmup_steps=1", "test_after_fit=false"
+            )
+        )
+    assert speed_of(run_dir)["data_wait_share"] < 0.2
+    assert not [rec for rec in caplog.records if rec.getMessage().startswith("speed:")]
+
+
+@pytest.mark.parametrize(
+    ("name", "model", "bf16"),
+    [
+        ("NVIDIA H200", "H200", 989e12),
+        ("NVIDIA H200 NVL", "H200", 989e12),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989e12),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", "H100 NVL", 835e12),
+        ("NVIDIA A100-SXM4-80GB", "A100", 312e12),
+        ("NVIDIA A100-PCIE-40GB", "A100", 312e12),
+        ("Tesla V100-SXM2-16GB", None, None),
+    ],
+)
+def test_peak_table_resolves_names_as_the_driver_spells_them(
+    name: str, model: str | None, bf16: float | None
+):
+    assert gpu_model(name) == model
+    assert peak_flops(name, "bf16") == bf16
+
+
+def test_the_peak_follows_the_math_mode() -> None:
+    assert [
+        math_mode(p, m)
+        for p, m in [
+            ("bf16-mixed", "high"),
+            ("16-mixed", "high"),
+            ("32-true", "high"),
+            ("32-true", "highest"),
+        ]
+    ] == ["bf16", "fp16", "tf32", "fp32"]
+    assert peak_flops("NVIDIA H200", "tf32") == 494.7e12 and peak_flops("NVIDIA H200", "fp32") == 66.9e12
