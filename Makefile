@@ -23,7 +23,7 @@ _cli := $(filter-out PYTHON=% VENV=% TORCH=% ARGS=%,$(subst \$(_space),@SPACE@,$
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 .DEFAULT_GOAL := help
-.PHONY: help install train eval test test-full bench-data gpu-check lint format clean
+.PHONY: help install train eval doctor test test-full bench-data gpu-check lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ train: $(STAMP)  ## train (default: CNN on digits); KEY=VALUE overrides, ARGS=".
 
 eval: $(STAMP)  ## test the newest run's best checkpoint (ckpt_path=... for another, predict=true)
 	$(PY) -m lightspeed.eval $(OVERRIDES) $(ARGS)
+
+doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
+	$(PY) -m lightspeed.doctor $(ARGS)
 
 test: $(STAMP)  ## the fast test suite (under ~5 min on 2 CPU cores)
 	$(PY) -m pytest -m "not slow" $(ARGS)
