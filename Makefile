@@ -23,7 +23,7 @@ _cli := $(filter-out PYTHON=% VENV=% TORCH=% ARGS=%,$(subst \$(_space),@SPACE@,$
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 .DEFAULT_GOAL := help
-.PHONY: help install train eval doctor test test-full bench-data gpu-check lint format clean
+.PHONY: help install train eval doctor bench test test-full bench-data gpu-check lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ test: $(STAMP)  ## the fast test suite (under ~5 min on 2 CPU cores)
 
 test-full: $(STAMP)  ## every test, the slow ones too
 	$(PY) -m pytest $(ARGS)
+
+bench: $(STAMP)  ## presets and single-knob ablations -> bench.md, bench.png (ARGS="--steps 100 --configs off,max")
+	$(PY) -m lightspeed.bench $(OVERRIDES) $(ARGS)
 
 bench-data: $(STAMP)  ## device-resident loader vs DataLoader: samples/s (scripts/bench_data.py)
 	$(PY) scripts/bench_data.py $(ARGS)

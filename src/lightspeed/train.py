@@ -70,7 +70,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
     metrics: dict[str, float] = {
-        k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")
+        k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
     }
     if cfg.get("test_after_fit", True):
         # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.
