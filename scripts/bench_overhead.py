@@ -1,0 +1,254 @@
+"""What the training framework costs per step: a hand-written PyTorch loop against Lightspeed.
+
+    python scripts/bench_overhead.py [--steps 300] [--warmup 50] [--repeats 5] [--models small,wide]
+
+The same model, data (DataLoader over in-memory tensors, batch 64, shuffled) and number of steps, in
+one process, alternating, median of --repeats. Only steady-state steps are timed (from the end of
+step --warmup to the end of the last step); setup (building the Trainer, the first batches) is
+reported apart. The Lightning rows add one feature at a time on top of the bare Trainer, ending with
+Lightspeed as `make train` runs it (metrics, logging, progress bar, speed report, checkpointing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from lightspeed.entry import compose_config
+from lightspeed.models.classifier import Classifier
+from lightspeed.noise import silence_known_noise
+from lightspeed.train import train
+
+MODELS = {"small": [256, 256], "wide": [1024, 1024]}  # MLP 64-h-h-10: ~1 ms and ~10 ms a step here
+
+
+class StepClock(L.Callback):
+    """Wall time from the end of step `warmup` to the end of the last step; setup time before it."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.created = warmup, time.perf_counter()
+        self.setup_s = self.start = self.end = 0.0
+        self.steps = 0
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.steps += 1
+        now = time.perf_counter()
+        if self.steps == 1:
+            self.setup_s = now - self.created
+        if self.steps == self.warmup:
+            self.start = now
+        self.end = now
+
+    def per_step(self) -> float:
+        return (self.end - self.start) / (self.steps - self.warmup)
+
+
+class BareClassifier(Classifier):
+    """Forward, loss, backward, step: nothing logged, no metric."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
+class MetricClassifier(Classifier):
+    """+ the accuracy metric updated every step, nothing logged."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        self.train_acc.update(logits, y)
+        return F.cross_entropy(logits, y)
+
+
+def hand_loop(model: torch.nn.Module, loader: DataLoader, steps: int, warmup: int) -> tuple[float, float]:
+    created = time.perf_counter()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    done, start, setup = 0, 0.0, 0.0
+    while done < steps:
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            done += 1
+            if done == 1:
+                setup = time.perf_counter() - created
+            if done == warmup:
+                start = time.perf_counter()
+            if done == steps:
+                break
+    return (time.perf_counter() - start) / (steps - warmup), setup
+
+
+# The Lightning variants: (label, module class, overrides). Each adds one feature to the previous one.
+OFF = [
+    "callbacks=none",
+    "logger=none",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
+    "+trainer.enable_checkpointing=false",
+]
+VARIANTS: list[tuple[str, type[Classifier], list[str]]] = [
+    ("bare Trainer", BareClassifier, OFF),
+    ("+ metrics", MetricClassifier, OFF),
+    (
+        "+ logging",
+        Classifier,
+        [
+            "callbacks=none",
+            "logger=csv",
+            "+trainer.enable_progress_bar=false",
+            "+trainer.enable_model_summary=false",
+            "+trainer.enable_checkpointing=false",
+        ],
+    ),
+    (
+        "+ progress bar",
+        Classifier,
+        [
+            "callbacks=default",
+            "logger=csv",
+            "callbacks.speed_report=null",
+            "callbacks.model_checkpoint=null",
+            "callbacks.early_stopping=null",
+            "callbacks.lr_monitor=null",
+            "+trainer.enable_checkpointing=false",
+        ],
+    ),
+    (
+        "+ speed report",
+        Classifier,
+        [
+            "callbacks=default",
+            "logger=csv",
+            "callbacks.model_checkpoint=null",
+            "callbacks.early_stopping=null",
+            "callbacks.lr_monitor=null",
+            "+trainer.enable_checkpointing=false",
+        ],
+    ),
+    ("Lightspeed default (+ checkpoints, LR monitor)", Classifier, ["callbacks=default", "logger=csv"]),
+]
+
+
+def lightning_run(
+    cls: type[Classifier], overrides: list[str], hidden: list[int], steps: int, warmup: int, logs: Path
+) -> tuple[float, float]:
+    cfg = compose_config(
+        "train",
+        [
+            "data=synthetic",
+            "data.shape=[64]",
+            f"data.num_samples={64 * steps * 2}",
+            "data.batch_size=64",
+            "data.val_fraction=0.01",
+            "data.test_fraction=0.01",
+            "data.augment.crop_padding=0",
+            "data.augment.flip=false",
+            "model=mlp",
+            f"model.net.hidden=[{','.join(map(str, hidden))}]",
+            "model.net.dropout=0.0",
+            "model.scheduler.name=none",
+            "trainer.max_epochs=1",
+            f"+trainer.limit_train_batches={steps}",
+            "+trainer.limit_val_batches=1",
+            "trainer.num_sanity_val_steps=0",
+            "test_after_fit=false",
+            *overrides,
+        ],
+        logs,
+    )
+    cfg.model._target_ = f"{cls.__module__}.{cls.__qualname__}"
+    clock = StepClock(warmup)
+    with (
+        open(os.devnull, "w") as devnull,
+        contextlib.redirect_stdout(devnull),
+    ):  # bars and tables still render
+        train(cfg, [clock])
+    return clock.per_step(), clock.setup_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--models", default="small,wide")
+    args = parser.parse_args()
+    silence_known_noise()
+    import logging
+
+    logging.getLogger("lightning").setLevel(logging.WARNING)
+    torch.manual_seed(0)
+    for model_name in args.models.split(","):
+        hidden = MODELS[model_name]
+        times: dict[str, list[float]] = {"hand-written loop": []}
+        setups: dict[str, list[float]] = {"hand-written loop": []}
+        with tempfile.TemporaryDirectory() as tmp:
+            for repeat in range(args.repeats):
+                # the hand loop gets the same data the Lightning runs get: the DataModule's train split
+                from lightspeed.data import SyntheticDataModule
+
+                dm = SyntheticDataModule(
+                    num_samples=64 * args.steps * 2,
+                    shape=[64],
+                    batch_size=64,
+                    val_fraction=0.01,
+                    test_fraction=0.01,
+                    num_workers=0,
+                )
+                dm.setup()
+                loader = DataLoader(dm.splits["train"], batch_size=64, shuffle=True)
+                net = Classifier(
+                    {"name": "mlp", "hidden": hidden, "dropout": 0.0},
+                    {"name": "AdamW", "lr": 2e-3},
+                    {"name": "none"},
+                    10,
+                    [64],
+                ).net
+                per_step, setup = hand_loop(net, loader, args.steps, args.warmup)
+                times["hand-written loop"].append(per_step)
+                setups["hand-written loop"].append(setup)
+                for label, cls, overrides in VARIANTS:
+                    per_step, setup = lightning_run(
+                        cls, overrides, hidden, args.steps, args.warmup, Path(tmp) / f"{repeat}-{len(times)}"
+                    )
+                    times.setdefault(label, []).append(per_step)
+                    setups.setdefault(label, []).append(setup)
+        report(model_name, hidden, times, setups, args)
+
+
+def report(model_name: str, hidden: list[int], times: dict, setups: dict, args: argparse.Namespace) -> None:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    hand, bare = med["hand-written loop"], med["bare Trainer"]
+    print(
+        f"\nMLP 64-{'-'.join(map(str, hidden))}-10 ({model_name}), batch 64, {args.steps - args.warmup} timed "
+        f"steps after {args.warmup}, median of {args.repeats}, torch {torch.__version__}, "
+        f"lightning {L.__version__}, {torch.get_num_threads()} threads\n"
+    )
+    print(
+        "| run | ms/step | overhead vs hand loop (us/step) | vs bare Trainer (us/step) | throughput vs hand loop "
+        "| setup (s) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, t in med.items():
+        print(
+            f"| {label} | {t * 1e3:.3f} | {(t - hand) * 1e6:+.0f} | {(t - bare) * 1e6:+.0f} | {hand / t:.2f}x "
+            f"| {statistics.median(setups[label]):.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
