@@ -238,8 +238,8 @@ def report(model_name: str, hidden: list[int], times: dict, setups: dict, args: 
     hand, bare = med["hand-written loop"], med["bare Trainer"]
     print(
         f"\nMLP 64-{'-'.join(map(str, hidden))}-10 ({model_name}), batch 64, "
-        f"{args.steps - args.warmup} timed steps after {args.warmup}, median of {args.repeats}, torch {torch.__version__}, "
-        f"lightning {L.__version__}, {torch.get_num_threads()} threads\n"
+        f"{args.steps - args.warmup} timed steps after {args.warmup}, median of {args.repeats}, "
+        f"torch {torch.__version__}, lightning {L.__version__}, {torch.get_num_threads()} threads\n"
     )
     print(
         "| run | ms/step | overhead vs hand loop (us/step) | vs bare Trainer (us/step) "
