@@ -226,7 +226,12 @@ def main() -> None:
                 setups["hand-written loop"].append(setup)
                 for label, cls, overrides in VARIANTS:
                     per_step, setup = lightning_run(
-                        cls, overrides, hidden, args.steps, args.warmup, Path(tmp) / f"{repeat}-{len(times)}"
+                        cls,
+                        overrides,
+                        hidden,
+                        args.steps,
+                        args.warmup,
+                        Path(tmp) / f"{repeat}-{VARIANTS.index((label, cls, overrides))}",
                     )
                     times.setdefault(label, []).append(per_step)
                     setups.setdefault(label, []).append(setup)

@@ -18,20 +18,24 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PY:-python3}
+LOG="$OUT/gpu_check.log"  # every step's output, in order (the device tool returns at most 8 files)
+: >"$LOG"
 status=0
-step() {  # step NAME COMMAND...: run, keep its output in $OUT/NAME.txt, remember a failure
+step() {  # step NAME COMMAND...: run with a time limit, append its output to the log, remember a failure
   local name=$1; shift
-  echo "== $name: $*"
-  if ! timeout "${STEP_TIMEOUT:-240}" "$@" >"$OUT/$name.txt" 2>&1; then echo "   FAILED (see $name.txt)"; status=1; fi
-  tail -n 12 "$OUT/$name.txt"
+  echo "== $name: $*" | tee -a "$LOG"
+  if ! timeout "${STEP_TIMEOUT:-240}" "$@" >>"$LOG" 2>&1; then echo "   FAILED: $name" | tee -a "$LOG"; status=1; fi
 }
-{ date -u; nvidia-smi; $PY -c "import torch, lightning; print('torch', torch.__version__, 'cuda', torch.version.cuda,
-'cudnn', torch.backends.cudnn.version(), 'lightning', lightning.__version__, torch.cuda.get_device_name())"; } >"$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+step env bash -c "date -u; nvidia-smi; $PY -c 'import torch, lightning; print(torch.__version__, torch.version.cuda, lightning.__version__)'"
+step doctor "$PY" -m lightspeed.doctor --json "$OUT/doctor.json"
 step tests "$PY" -m pytest -q -x -m "not slow" -p no:cacheprovider tests
 step train_gpu "$PY" -m lightspeed.train trainer=gpu paths.log_dir=/tmp/gpu_logs
 step train_max "$PY" -m lightspeed.train trainer=gpu accel=max paths.log_dir=/tmp/gpu_logs
 step eval_gpu "$PY" -m lightspeed.eval trainer=gpu paths.log_dir=/tmp/gpu_logs
 step bench_data "$PY" scripts/bench_data.py --device cuda
 step bench_presets "$PY" scripts/bench_presets.py --steps 300 --warmup 50
+step bench "$PY" -m lightspeed.bench --steps 200 --warmup 50 --out /tmp/gpu_bench data=synthetic model=resnet \
+  data.num_samples=50000 data.batch_size=512
+cp /tmp/gpu_bench/bench.md /tmp/gpu_bench/bench.png "$OUT/" 2>/dev/null
+grep -E "^== |FAILED|passed|failed|^\|" "$LOG" | tail -n 80
 exit $status

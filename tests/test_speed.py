@@ -115,3 +115,26 @@ def test_the_peak_follows_the_math_mode() -> None:
         ]
     ] == ["bf16", "fp16", "tf32", "fp32"]
     assert peak_flops("NVIDIA H200", "tf32") == 494.7e12 and peak_flops("NVIDIA H200", "fp32") == 66.9e12
+
+
+def test_progress_bar_reads_metrics_only_when_it_redraws(train_cfg, monkeypatch) -> None:
+    from lightspeed.callbacks import ProgressBar
+
+    reads = []
+    real = ProgressBar.get_metrics
+    monkeypatch.setattr(ProgressBar, "get_metrics", lambda self, *a: reads.append(1) or real(self, *a))
+    result = train(
+        train_cfg(
+            "debug=limit",
+            "callbacks.model_summary=null",
+            "+trainer.enable_model_summary=false",
+            "callbacks.rich_progress_bar.refresh_rate=5",
+            "++trainer.limit_train_batches=10",
+            "trainer.max_epochs=1",
+            "trainer.num_sanity_val_steps=0",
+            "test_after_fit=false",
+        )
+    )
+    assert result.trainer.global_step == 10
+    # Lightning's own bar reads them after each of the 10 steps; this one on steps 5 and 10 (+ validation end)
+    assert 2 <= len(reads) <= 4

@@ -1,6 +1,7 @@
 """Lightning callbacks that Lightspeed adds to every run."""
 
+from lightspeed.callbacks.progress import ProgressBar
 from lightspeed.callbacks.rank_seed import RankSeed
 from lightspeed.callbacks.speed import SpeedReport
 
-__all__ = ["RankSeed", "SpeedReport"]
+__all__ = ["ProgressBar", "RankSeed", "SpeedReport"]
