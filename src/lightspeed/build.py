@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.callbacks import RankSeed
+from lightspeed.checkpoint import AtomicCheckpointIO
 from lightspeed.data.base import ArrayDataModule
 
 
@@ -52,7 +53,13 @@ def callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
 def trainer(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:
     loggers_ = loggers(cfg)
     callbacks_ = [*callbacks(cfg, bool(loggers_)), *extra_callbacks]
-    return instantiate(cfg.trainer, callbacks=callbacks_, logger=loggers_ or False, _convert_="all")
+    return instantiate(
+        cfg.trainer,
+        callbacks=callbacks_,
+        logger=loggers_ or False,
+        plugins=[AtomicCheckpointIO()],  # checkpoints are written whole or not at all
+        _convert_="all",
+    )
 
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from lightspeed import accel, build, summary
+from lightspeed.checkpoint import UNSAFE_LOAD_ERRORS, explain_unsafe
 from lightspeed.config import ConfigError, exit_on_config_error, validate_devices
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.entry import hydra_entry
@@ -47,7 +48,10 @@ def run(cfg: DictConfig) -> dict[str, float]:
         module_cls = get_class(cfg.module)
         # map_location="cpu": a checkpoint saved on a GPU loads on any machine; the Trainer then moves
         # the model to whatever device this run uses. weights_only: loading never executes code.
-        model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
+        try:
+            model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
+        except UNSAFE_LOAD_ERRORS as err:
+            raise explain_unsafe(ckpt, err) from None
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
         accel.apply_to_model(cfg, model, dm)

@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from lightspeed import accel, build, summary
+from lightspeed.checkpoint import UNSAFE_LOAD_ERRORS, explain_unsafe
 from lightspeed.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.entry import hydra_entry
 from lightspeed.noise import silence_known_noise
@@ -64,7 +65,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
 
     start = time.perf_counter()
     with exit_on_config_error():
-        trainer.fit(model, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
+        try:  # weights_only: a checkpoint can only hold plain data; loading it never runs code
+            trainer.fit(model, datamodule=dm, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
+        except UNSAFE_LOAD_ERRORS as err:
+            raise explain_unsafe(cfg.get("ckpt_path"), err) from None
     fit_s = time.perf_counter() - start
 
     ckpt = trainer.checkpoint_callback
