@@ -79,6 +79,35 @@ def test_bad_values_name_the_key(train_cfg, override: str, key: str) -> None:
     assert "\n" not in str(err.value) and "use " in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.strategy=ddp_turbo", "^trainer.strategy=ddp_turbo is not a Lightning strategy"),
+        ("ckpt_path=/no/such/file.ckpt", "^ckpt_path=/no/such/file.ckpt does not exist"),
+        ("data.augment.crop_padding=-1", "^data.augment.crop_padding=-1 is invalid"),
+        ("data.prefetch_factor=0", "^data.prefetch_factor=0 is invalid"),
+        (
+            "accel.matmul_precision=low",
+            "^accel.matmul_precision='low' is invalid: use one of highest, high, medium",
+        ),
+        ("accel.optimizer_impl=turbo", "^accel.optimizer_impl='turbo' is invalid"),
+        ("data.on_device=sometimes", "^data.on_device='sometimes' is invalid: use auto, true or false"),
+    ],
+)
+def test_more_bad_values_fail_before_any_work(train_cfg, override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        validate_train(train_cfg(override))
+
+
+def test_an_unwritable_log_dir_fails_before_any_work(train_cfg, tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(
+        ConfigError, match=r"^paths.log_dir=.*a-file/logs cannot be written .*not a writable folder"
+    ):
+        validate_train(train_cfg(f"paths.log_dir={blocker / 'logs'}"))
+
+
 def test_splits_that_leave_no_training_data_are_refused(train_cfg) -> None:
     with pytest.raises(ConfigError, match="leaves no training data"):
         validate_train(train_cfg("data.val_fraction=0.5", "data.test_fraction=0.5"))

@@ -6,6 +6,7 @@ module checks the values that Hydra cannot know about (types, ranges, what this 
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -115,7 +116,40 @@ def validate_train(cfg: DictConfig) -> None:
         if value is not _ABSENT and not ok(value):
             raise ConfigError(f"{key}={value!r} is invalid: use {allowed}")
     _validate_splits(cfg)
+    _validate_strategy(cfg)
     validate_devices(cfg)
+    ckpt = cfg.get("ckpt_path")
+    if ckpt is not None and not Path(str(ckpt)).is_file():
+        raise ConfigError(
+            f"ckpt_path={ckpt} does not exist: pass the path of a .ckpt file, or ckpt_path=null"
+        )
+    validate_writable(cfg)
+
+
+def validate_writable(cfg: DictConfig) -> None:
+    """Fail before training, not at the first checkpoint an hour later."""
+    folder = Path(str(OmegaConf.select(cfg, "paths.log_dir", default="logs")))
+    existing = next((p for p in (folder, *folder.resolve().parents) if p.exists()), None)
+    if existing is not None and not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+        raise ConfigError(
+            f"paths.log_dir={folder} cannot be written ({existing} is not a writable folder): "
+            "choose a folder you can write to, e.g. paths.log_dir=$HOME/lightspeed-logs"
+        )
+
+
+def _validate_strategy(cfg: DictConfig) -> None:
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    strategy = OmegaConf.select(cfg, "trainer.strategy", default="auto")
+    if (
+        isinstance(strategy, str)
+        and strategy != "auto"
+        and strategy not in StrategyRegistry.available_strategies()
+    ):
+        raise ConfigError(
+            f"trainer.strategy={strategy} is not a Lightning strategy: use auto, ddp, ddp_spawn, fsdp, "
+            "deepspeed or another name in lightning.pytorch.strategies.StrategyRegistry (or trainer=ddp)"
+        )
 
 
 def _validate_splits(cfg: DictConfig) -> None:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from lightspeed import accel, build, summary
 from lightspeed.checkpoint import UNSAFE_LOAD_ERRORS, explain_unsafe
-from lightspeed.config import ConfigError, exit_on_config_error, validate_devices
+from lightspeed.config import ConfigError, exit_on_config_error, validate_devices, validate_writable
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.entry import hydra_entry
 from lightspeed.noise import silence_known_noise
@@ -42,6 +42,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     silence_known_noise()
     with exit_on_config_error():
         validate_devices(cfg)
+        validate_writable(cfg)
         idle = accel.resolve(cfg)
         accel.apply_to_torch(cfg)
         ckpt = find_checkpoint(str(cfg.ckpt_path), Path(cfg.paths.log_dir))
