@@ -55,7 +55,9 @@ def test_auto_values_on_a_cpu(train_cfg) -> None:
 @pytest.mark.parametrize(("bf16", "expected"), [(True, "bf16-mixed"), (False, "16-mixed")])
 def test_auto_values_on_a_gpu(train_cfg, monkeypatch, bf16: bool, expected: str) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16 and not including_emulation
+    )
     cfg = train_cfg()
     accel.resolve(cfg)
     assert (cfg.trainer.precision, cfg.trainer.benchmark, cfg.data.pin_memory, cfg.data.non_blocking) == (
@@ -212,3 +214,10 @@ def test_max_preset_trains_on_cpu_with_device_resident_data(train_cfg) -> None:
     assert type(result.trainer.train_dataloader).__name__ == "DeviceLoader"
     assert result.trainer.optimizers[0].defaults["fused"] is True
     assert all(s["input_channels_last"] and s["weight_channels_last"] for s in probe.steps)
+
+
+def test_fused_optimizer_with_clipping_under_mixed_precision_falls_back_to_foreach(train_cfg) -> None:
+    cfg = train_cfg("accel=max", "trainer.precision=bf16-mixed", "trainer.gradient_clip_val=1.0")
+    notes = accel.resolve(cfg)
+    assert cfg.model.optimizer.foreach is True and "fused" not in cfg.model.optimizer
+    assert notes == ["accel.optimizer_impl=fused (with gradient clipping and bf16-mixed: foreach)"]

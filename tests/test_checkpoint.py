@@ -66,3 +66,15 @@ def test_a_checkpoint_with_a_pickle_payload_is_refused(tmp_path: Path, module: s
     assert not marker.exists()  # never executed
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "holds Python objects, not plain data, and was not loaded" in errors[0]
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated zip"])
+def test_an_empty_or_truncated_checkpoint_is_a_one_line_error(tmp_path: Path, content: bytes) -> None:
+    from lightspeed.entry import compose_config
+    from lightspeed.eval import run as evaluate
+
+    bad = tmp_path / "last.ckpt"
+    bad.write_bytes(content)
+    with pytest.raises(SystemExit) as exit_:
+        evaluate(compose_config("eval", [f"ckpt_path={bad}"], tmp_path / "logs"))
+    assert exit_.value.code == 2

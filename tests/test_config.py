@@ -130,3 +130,10 @@ def test_an_optional_local_config_is_picked_up(train_cfg) -> None:
     finally:
         local.unlink()
     assert train_cfg().seed != 1234
+
+
+def test_eval_checks_the_shared_settings_too(eval_cfg) -> None:
+    from lightspeed.config import validate_common
+
+    with pytest.raises(ConfigError, match=r"^data\.batch_size=0 is invalid"):
+        validate_common(eval_cfg("data.batch_size=0"))

@@ -46,21 +46,6 @@ def test_an_uncompiled_checkpoint_loads_into_a_compiled_model(train_cfg, run_dir
     assert torch.allclose(model(x), compiled(x))
 
 
-def test_checkpoints_of_torch_compile_wrappers_lose_the_orig_mod_prefix(train_cfg, tmp_path: Path) -> None:
-    model = Classifier(
-        net={"name": "mlp", "hidden": [8]},
-        optimizer={"name": "SGD", "lr": 0.1},
-        scheduler={"name": "none"},
-        num_classes=10,
-        input_shape=[1, 8, 8],
-    )
-    model.net = torch.compile(model.net, backend="eager")  # what a user might write
-    assert any("_orig_mod" in k for k in model.state_dict())
-    checkpoint = {"state_dict": model.state_dict()}
-    model.on_save_checkpoint(checkpoint)
-    assert not any("_orig_mod" in k for k in checkpoint["state_dict"])
-
-
 def test_channels_last_weights_load_anywhere(train_cfg, run_dir: Path) -> None:
     result = train(train_cfg(*FIT_ONLY, *RGB, "model=resnet", "accel.channels_last=true"))
     conv = result.model.net.stem[0].weight

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import lightning as L
@@ -46,7 +47,8 @@ def test_tiny_run_writes_checkpoints_logs_and_a_summary(train_cfg, run_dir: Path
     assert facts["best_checkpoint"] == result.best_checkpoint
     assert facts["metrics"]["test/acc"] == pytest.approx(result.metrics["test/acc"])
     assert facts["config"]["model"]["net"]["name"] == "cnn"
-    assert result.score == pytest.approx(result.metrics["val/acc"])  # optimized_metric, as fit ended
+    # optimized_metric is what the checkpoint monitors: the tested (best) checkpoint's score
+    assert result.score == pytest.approx(float(result.trainer.checkpoint_callback.best_model_score))
 
 
 def test_every_checkpoint_loads_safely_on_cpu(train_cfg, run_dir: Path) -> None:
@@ -221,3 +223,42 @@ def test_experiment_option_trains(train_cfg) -> None:
 def test_default_run_reaches_98_percent_on_digits(train_cfg) -> None:
     result = train(train_cfg())
     assert result.metrics["test/acc"] >= 0.98
+
+
+def test_the_readme_optimizer_and_schedule_switch_works(train_cfg, caplog) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        result = train(
+            train_cfg(
+                *TINY,
+                "model.optimizer.name=SGD",
+                "model.optimizer.lr=0.05",
+                "model.scheduler.name=cosine",
+                "test_after_fit=false",
+            )
+        )
+    assert type(result.trainer.optimizers[0]).__name__ == "SGD"
+    assert type(result.trainer.lr_scheduler_configs[0].scheduler).__name__ == "CosineAnnealingLR"
+    assert any("ignoring pct_start" in r.getMessage() for r in caplog.records)  # cnn.yaml's onecycle key
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["model.optimizer.name=SGD", "+model.optimizer.betas=[0.9,0.99]"],
+            r"^model.optimizer \(torch.optim.SGD\)",
+        ),
+        (["trainer.max_epochs=-1"], "needs a known length, but trainer.max_epochs=-1"),
+        (["model.net.name=foo"], "^model.net.name='foo' is not a known net"),
+    ],
+)
+def test_model_config_mistakes_are_one_line_errors(
+    train_cfg, capsys, overrides: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        train(train_cfg(*TINY, *overrides))
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0].removeprefix("error: ")), lines

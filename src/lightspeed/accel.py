@@ -31,7 +31,8 @@ def auto_precision(device: str) -> str:
     """bf16 autocast where the GPU has bf16 units (Ampere and newer), else fp16 autocast with loss
     scaling; fp32 elsewhere (CPU autocast is rarely faster, and has no loss scaling)."""
     if device == "cuda":
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        # including_emulation=False: pre-Ampere GPUs emulate bf16, slowly
+        return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
     return "32-true"
 
 
@@ -71,6 +72,10 @@ def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
     flag = "fused" if impl == "fused" else "foreach"
     if flag not in params:
         return [f"accel.optimizer_impl={impl} (torch.optim.{opt.name} has no {flag} option)"]
+    if impl == "fused" and cfg.trainer.get("gradient_clip_val") and "mixed" in str(cfg.trainer.precision):
+        # Lightning cannot unscale gradients for clipping inside a fused step: use foreach instead
+        opt["foreach"] = True
+        return [f"accel.optimizer_impl=fused (with gradient clipping and {cfg.trainer.precision}: foreach)"]
     opt[flag] = impl != "loop"
     return []
 
@@ -88,6 +93,8 @@ def apply_to_torch(cfg: DictConfig) -> None:
 def apply_to_model(cfg: DictConfig, model: L.LightningModule, dm: Any) -> None:
     """channels_last for the weights (and, through the DataModule, the inputs); torch.compile."""
     accel = cfg.get("accel", {})
+    if accel.get("compile", False):
+        model.example_input_array = None  # the summary's batch of 2 would compile a second, dynamic graph
     if accel.get("channels_last", False):
         model.to(memory_format=torch.channels_last)
         dm.channels_last = True

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
-from hydra.utils import instantiate
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate as _instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
@@ -14,7 +15,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.callbacks import RankSeed
 from lightspeed.checkpoint import AtomicCheckpointIO
+from lightspeed.config import ConfigError
 from lightspeed.data.base import ArrayDataModule
+
+
+def instantiate(node: Any, **kwargs: Any) -> Any:
+    """Hydra's instantiate, letting a ConfigError raised inside a constructor through as itself (Hydra
+    wraps it in a multi-line InstantiationException)."""
+    try:
+        return _instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise
 
 
 def datamodule(cfg: DictConfig) -> ArrayDataModule:
@@ -47,7 +63,7 @@ def callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
     if not has_logger and any(isinstance(cb, LearningRateMonitor) for cb in found):
         rank_zero_info("logger=none: LearningRateMonitor has nowhere to write, so it is left out")
         found = [cb for cb in found if not isinstance(cb, LearningRateMonitor)]
-    return [*found, RankSeed(cfg.seed)] if cfg.get("seed") is not None else found
+    return [*found, RankSeed(cfg.seed)] if "seed" in cfg else found  # eval has no seed
 
 
 def trainer(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:
@@ -57,7 +73,8 @@ def trainer(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> L.Trai
         cfg.trainer,
         callbacks=callbacks_,
         logger=loggers_ or False,
-        plugins=[AtomicCheckpointIO()],  # checkpoints are written whole or not at all
+        # checkpoints are written whole or not at all; the user's own plugins stay
+        plugins=[*(cfg.trainer.get("plugins") or []), AtomicCheckpointIO()],
         _convert_="all",
     )
 

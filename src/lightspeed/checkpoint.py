@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 from pathlib import Path
@@ -23,16 +22,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        if storage_options is not None:
-            raise TypeError("AtomicCheckpointIO.save_checkpoint takes no storage_options")
+        if "://" in str(path) or storage_options is not None:  # remote (fsspec) paths: Lightning's writer
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)  # serialise first: a failure here leaves no file at all
         tmp = target.with_name(target.name + ".tmp")
         try:
             with open(tmp, "wb") as f:
-                f.write(buffer.getbuffer())
+                torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
@@ -56,12 +54,22 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def explain_unsafe(path: Any, err: Exception) -> ConfigError:
-    """The one-line error for a checkpoint that `weights_only` loading refused."""
+    """The one-line error for a checkpoint that could not be loaded safely or at all."""
+    if isinstance(err, pickle.UnpicklingError):
+        return ConfigError(
+            f"ckpt_path={path} holds Python objects, not plain data, and was not loaded (unpickling "
+            "them could run code): use a checkpoint saved by Lightspeed, or re-save its tensors from a "
+            "trusted copy"
+        )
     return ConfigError(
-        f"ckpt_path={path} holds Python objects, not plain data, and was not loaded (unpickling them could "
-        f"run code): use a checkpoint saved by Lightspeed, or re-save its tensors from a trusted copy "
-        f"({type(err).__name__})"
+        f"ckpt_path={path} is not a readable checkpoint (empty or truncated? {type(err).__name__}): "
+        "pass another one, e.g. the run's other .ckpt file"
     )
 
 
-UNSAFE_LOAD_ERRORS = (pickle.UnpicklingError,)
+def is_unreadable(err: Exception) -> bool:
+    """torch.load's errors for empty (EOFError) and truncated zip files (RuntimeError from the reader)."""
+    return isinstance(err, EOFError) or (isinstance(err, RuntimeError) and "PytorchStreamReader" in str(err))
+
+
+UNSAFE_LOAD_ERRORS = (pickle.UnpicklingError, EOFError, RuntimeError)

@@ -73,7 +73,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "trainer.precision": _one_of("auto", *PRECISIONS),
     "trainer.accelerator": _one_of(*ACCELERATORS),
     "trainer.max_epochs": (
-        lambda v: v is None or (_is_int(v) and v >= -1),
+        lambda v: v is None or (_is_int(v) and (v >= 1 or v == -1)),
         "an integer >= 1 (or -1 for no limit)",
     ),
     "trainer.max_steps": _int_at_least(-1, " (or -1 for no limit)"),
@@ -111,6 +111,17 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 def validate_train(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that cannot work, naming the key and what is allowed."""
+    validate_common(cfg)
+    ckpt = cfg.get("ckpt_path")
+    if ckpt is not None and not Path(str(ckpt)).is_file():
+        raise ConfigError(
+            f"ckpt_path={ckpt} does not exist: pass the path of a .ckpt file, or ckpt_path=null"
+        )
+
+
+def validate_common(cfg: DictConfig) -> None:
+    """The checks that train and eval share: every rule whose key the config has, the splits, the
+    strategy, the devices and the output folder."""
     for key, (ok, allowed) in _RULES.items():
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and not ok(value):
@@ -118,11 +129,6 @@ def validate_train(cfg: DictConfig) -> None:
     _validate_splits(cfg)
     _validate_strategy(cfg)
     validate_devices(cfg)
-    ckpt = cfg.get("ckpt_path")
-    if ckpt is not None and not Path(str(ckpt)).is_file():
-        raise ConfigError(
-            f"ckpt_path={ckpt} does not exist: pass the path of a .ckpt file, or ckpt_path=null"
-        )
     validate_writable(cfg)
 
 

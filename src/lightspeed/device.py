@@ -1,10 +1,11 @@
 """Facts about the device a run trains on: name, memory, capability, dense peak FLOP/s.
 
-One module that doctor, the speed report and the accel knobs all read.
+One module that doctor, the speed report and the data loaders' `auto` settings read.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -48,6 +49,11 @@ def peak_flops(name: str, mode: str) -> float | None:
     """Dense peak FLOP/s of one device for a math mode, None where unknown (CPUs, other GPUs)."""
     model = gpu_model(name)
     return _PEAKS[model][mode] if model else None
+
+
+def cpu_count() -> int:
+    """CPUs this process may use (its affinity mask), not all the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def name(device: torch.device) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ from rich.table import Table
 
 from lightspeed.accel import compile_problem
 from lightspeed.data.base import auto_num_workers
+from lightspeed.device import cpu_count
 
 # Oldest Linux driver for each CUDA major version of torch's build (CUDA's minor-version compatibility).
 MIN_DRIVER = {11: 450, 12: 525, 13: 580}
@@ -113,7 +113,7 @@ def matmul_tflops(device: str, quick: bool) -> dict[str, float | None]:
 def collect(quick: bool = False) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     gpus = _gpus() if cuda else []
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = cpu_count()
     device = "cuda" if cuda else "cpu"
     problem = compile_problem("inductor", device)
     facts: dict[str, Any] = {

@@ -12,8 +12,8 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from lightspeed import accel, build, summary
-from lightspeed.checkpoint import UNSAFE_LOAD_ERRORS, explain_unsafe
-from lightspeed.config import ConfigError, exit_on_config_error, validate_devices, validate_writable
+from lightspeed.checkpoint import UNSAFE_LOAD_ERRORS, explain_unsafe, is_unreadable
+from lightspeed.config import ConfigError, exit_on_config_error, validate_common
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.entry import hydra_entry
 from lightspeed.noise import silence_known_noise
@@ -41,17 +41,27 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
 def run(cfg: DictConfig) -> dict[str, float]:
     silence_known_noise()
     with exit_on_config_error():
-        validate_devices(cfg)
-        validate_writable(cfg)
+        validate_common(cfg)
+        if cfg.predict and cfg.trainer.get("devices", 1) != 1:
+            raise ConfigError(
+                "predict=true writes one predictions.csv from one process: add trainer.devices=1"
+            )
         idle = accel.resolve(cfg)
         accel.apply_to_torch(cfg)
         ckpt = find_checkpoint(str(cfg.ckpt_path), Path(cfg.paths.log_dir))
-        module_cls = get_class(cfg.module)
+        try:
+            module_cls = get_class(cfg.module)
+        except (ImportError, ValueError) as err:
+            raise ConfigError(
+                f"module={cfg.module} cannot be imported ({err}): use a LightningModule class"
+            ) from None
         # map_location="cpu": a checkpoint saved on a GPU loads on any machine; the Trainer then moves
         # the model to whatever device this run uses. weights_only: loading never executes code.
         try:
             model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
         except UNSAFE_LOAD_ERRORS as err:
+            if isinstance(err, RuntimeError) and not is_unreadable(err):
+                raise
             raise explain_unsafe(ckpt, err) from None
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)

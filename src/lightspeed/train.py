@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from lightspeed import accel, build, summary
-from lightspeed.checkpoint import UNSAFE_LOAD_ERRORS, explain_unsafe
+from lightspeed.checkpoint import UNSAFE_LOAD_ERRORS, explain_unsafe, is_unreadable
 from lightspeed.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.entry import hydra_entry
 from lightspeed.noise import silence_known_noise
@@ -27,12 +27,12 @@ def refuse_multirun_with_ddp(cfg: DictConfig) -> None:
     own sweep (seen to hang, or to train different configs on different ranks)."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return
-    strategy = cfg.trainer.get("strategy", "auto")
-    name = strategy if isinstance(strategy, str) else str(strategy.get("_target_", ""))
-    if "ddp" in name.lower() and cfg.trainer.get("devices", 1) != 1:
+    # Whatever the strategy says, more than one device makes Lightning launch more processes.
+    if cfg.trainer.get("devices", 1) != 1 or cfg.trainer.get("num_nodes", 1) != 1:
         raise ConfigError(
-            "hydra multirun (-m) cannot drive a multi-process trainer.strategy (ddp): each rank would run "
-            "its own sweep; sweep on one device (trainer=cpu or trainer=gpu), or loop in the shell: "
+            "hydra multirun (-m) cannot drive a multi-process trainer.strategy (ddp: trainer.devices or "
+            "num_nodes above 1): each rank would run its own sweep; sweep on one device (trainer=cpu or "
+            "trainer=gpu), or loop in the shell: "
             "`for lr in 1e-3 3e-3; do make train trainer=ddp model.optimizer.lr=$lr; done`"
         )
 
@@ -68,11 +68,14 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         try:  # weights_only: a checkpoint can only hold plain data; loading it never runs code
             trainer.fit(model, datamodule=dm, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
         except UNSAFE_LOAD_ERRORS as err:
+            if isinstance(err, RuntimeError) and not is_unreadable(err):
+                raise
             raise explain_unsafe(cfg.get("ckpt_path"), err) from None
     fit_s = time.perf_counter() - start
 
     ckpt = trainer.checkpoint_callback
-    best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
+    # Only a monitored checkpoint is a "best" one (Lightning's default checkpoint just keeps the last).
+    best = ckpt.best_model_path if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
     metrics: dict[str, float] = {
         k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
     }
@@ -93,7 +96,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             "global_step": trainer.global_step,
             "epochs": trainer.current_epoch,
             "fit_seconds": round(fit_s, 2),
-            "tested": "best checkpoint" if best else "weights in memory",
+            "tested": ("best checkpoint" if best else "weights in memory")
+            if cfg.get("test_after_fit", True)
+            else None,
             "config": build.plain_config(cfg),
         },
         metrics,

@@ -78,9 +78,9 @@ class SpeedReport(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
     ) -> None:
         now = time.perf_counter()
-        if self._seen == self.warmup_steps:
+        if self._seen == self.warmup_steps or (self._clock is None and self._seen > self.warmup_steps):
+            # the warm-up ends, or training resumes after validation and the checkpoint saves that follow it
             self._start_clock(trainer)
-            now = self._clock
         elif self._clock is not None and self._prev_end is not None:
             self.wait_times.append(now - self._prev_end)  # fetching and moving the next batch
         if self.flops_per_batch is None and self._seen == 0:
@@ -102,10 +102,6 @@ class SpeedReport(L.Callback):
         if trainer.state.fn == "fit":  # validation inside fit is not training time
             self._stop_clock(trainer)
             self._prev_end = None
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == "fit" and self._seen >= self.warmup_steps and not trainer.sanity_checking:
-            self._start_clock(trainer)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._prev_end = None  # a new epoch's first batch waits for the iterator to be made: not counted

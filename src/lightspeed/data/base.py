@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightspeed.config import ConfigError
 from lightspeed.data.augment import random_crop, random_flip
 from lightspeed.data.device_loader import DeviceLoader, EpochOrder
+from lightspeed.device import cpu_count
 
 #: Device-resident data may take at most this share of the device's free memory: the rest is for
 #: weights, optimizer state and activations.
@@ -30,8 +31,7 @@ def auto_num_workers(devices_per_node: int, device_type: str = "cuda") -> int:
     from the computation itself, and slicing in-memory tensors is cheap."""
     if device_type != "cuda":
         return 0
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(8, cpus // max(1, devices_per_node) - 1))
+    return max(0, min(8, cpu_count() // max(1, devices_per_node) - 1))
 
 
 class ArrayDataModule(L.LightningDataModule):
@@ -79,6 +79,7 @@ class ArrayDataModule(L.LightningDataModule):
         self._device_splits: dict[str, tuple[Tensor, Tensor]] = {}
         self._train_loader: DeviceLoader | None = None  # its position is saved in checkpoints
         self._train_position: dict[str, Any] | None = None  # restored from a checkpoint
+        self._on_device_decision: bool | None = None
 
     @abstractmethod
     def load_arrays(self) -> tuple[Tensor, Tensor]:
@@ -126,7 +127,13 @@ class ArrayDataModule(L.LightningDataModule):
         return self._device.type == "cuda"
 
     def uses_device_loader(self) -> bool:
-        """`on_device`: true, false, or auto (true when the whole data set fits on the device)."""
+        """`on_device`: true, false, or auto (true when the whole data set fits on the device). Decided
+        once, before any split is moved, so that all splits take the same path."""
+        if self._on_device_decision is None:
+            self._on_device_decision = self._decide_on_device()
+        return self._on_device_decision
+
+    def _decide_on_device(self) -> bool:
         if self.on_device is False:
             return False
         device = self._device
@@ -175,7 +182,9 @@ class ArrayDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader | DeviceLoader:
-        loader = self._loader("train", shuffle=True)
+        # overfit_batches: the same batches every epoch (Lightning unshuffles DataLoaders itself)
+        overfit = self.trainer is not None and self.trainer.overfit_batches > 0
+        loader = self._loader("train", shuffle=not overfit)
         if isinstance(loader, DeviceLoader):
             if self._train_position is not None:
                 loader.load_state_dict(self._train_position)

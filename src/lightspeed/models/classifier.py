@@ -3,6 +3,7 @@ schedule from the config."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -50,11 +52,10 @@ class Classifier(L.LightningModule):
         loss = F.cross_entropy(logits, y)
         self.train_acc.update(logits, y)  # on the device, every step; computed once, at epoch end
         # self.log costs ~0.1-0.5 ms of Python per call: call it only when the logger will write (every
-        # trainer.log_every_n_steps), and register the epoch metric once an epoch.
-        if batch_idx == 0:
-            self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
-        if self.trainer._logger_connector.should_update_logs:
+        # trainer.log_every_n_steps; Lightning's own test of that) and on an epoch's first step.
+        if self.trainer._logger_connector.should_update_logs or batch_idx == 0:
             self.log("train/loss", loss, prog_bar=True)
+            self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
 
     def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str, acc: MulticlassAccuracy) -> None:
@@ -75,12 +76,6 @@ class Classifier(L.LightningModule):
         probs = self(x).softmax(dim=-1)
         return {"pred": probs.argmax(dim=-1), "prob": probs.max(dim=-1).values, "target": y}
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Drop the `_orig_mod.` that `torch.compile(module)` wrappers add to state-dict keys, so a
-        checkpoint always loads into an uncompiled model (Lightspeed itself compiles in place)."""
-        state = checkpoint["state_dict"]
-        checkpoint["state_dict"] = {key.replace("_orig_mod.", ""): value for key, value in state.items()}
-
     def configure_optimizers(self) -> Any:
         opt_cfg = dict(self.hparams["optimizer"])
         name = opt_cfg.pop("name")
@@ -89,23 +84,40 @@ class Classifier(L.LightningModule):
             raise ConfigError(
                 f"model.optimizer.name={name!r} is not an optimizer in torch.optim (e.g. AdamW, SGD)"
             )
-        optimizer = opt_cls(self.parameters(), **opt_cfg)
+        try:
+            optimizer = opt_cls(self.parameters(), **opt_cfg)
+        except TypeError as err:
+            raise ConfigError(
+                f"model.optimizer (torch.optim.{name}): {err}: remove or rename that key"
+            ) from None
 
         sched_cfg = dict(self.hparams["scheduler"])
         kind = sched_cfg.pop("name", "none")
         if kind == "none":
             return optimizer
-        steps = int(self.trainer.estimated_stepping_batches)
+        if kind not in SCHEDULERS:
+            raise ConfigError(f"model.scheduler.name={kind!r} is unknown: use one of {', '.join(SCHEDULERS)}")
+        steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(steps):
+            raise ConfigError(
+                f"model.scheduler.name={kind} needs a known length, but trainer.max_epochs=-1 sets none: "
+                "set trainer.max_steps, or model.scheduler.name=none"
+            )
+        steps = int(steps)
         if kind == "cosine":
-            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, **sched_cfg)
-        elif kind == "onecycle":
+            cls, fixed = torch.optim.lr_scheduler.CosineAnnealingLR, {"T_max": steps}
+        else:
             # OneCycleLR divides by each phase's length in steps - 1: in tiny runs (debug=fdr) keep
             # both phases at least 2 steps long; the run simply ends before the schedule does.
             pct = float(sched_cfg.get("pct_start", 0.3))
-            steps = max(steps, math.ceil(2 / min(pct, 1 - pct)) + 1)
-            scheduler = torch.optim.lr_scheduler.OneCycleLR(
-                optimizer, max_lr=opt_cfg["lr"], total_steps=steps, **sched_cfg
+            cls = torch.optim.lr_scheduler.OneCycleLR
+            fixed = {"max_lr": opt_cfg["lr"], "total_steps": max(steps, math.ceil(2 / min(pct, 1 - pct)) + 1)}
+        # Keys meant for another schedule (`pct_start` when switching to cosine) are left out, with a note.
+        accepted = inspect.signature(cls).parameters
+        unused = sorted(k for k in sched_cfg if k not in accepted)
+        if unused:
+            rank_zero_info(
+                f"model.scheduler.name={kind}: ignoring {', '.join(unused)} (not {cls.__name__} arguments)"
             )
-        else:
-            raise ConfigError(f"model.scheduler.name={kind!r} is unknown: use one of {', '.join(SCHEDULERS)}")
+        scheduler = cls(optimizer, **fixed, **{k: v for k, v in sched_cfg.items() if k in accepted})
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
