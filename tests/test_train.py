@@ -262,3 +262,9 @@ def test_model_config_mistakes_are_one_line_errors(
     assert exit_.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and re.search(message, lines[0].removeprefix("error: ")), lines
+
+
+def test_training_without_validation_leaves_early_stopping_out(train_cfg) -> None:
+    result = train(train_cfg(*TINY, "++trainer.limit_val_batches=0", "test_after_fit=false"))
+    assert result.trainer.global_step == 10
+    assert not any(type(cb).__name__ == "EarlyStopping" for cb in result.trainer.callbacks)

@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate as _instantiate
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
@@ -63,6 +63,9 @@ def callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
     if not has_logger and any(isinstance(cb, LearningRateMonitor) for cb in found):
         rank_zero_info("logger=none: LearningRateMonitor has nowhere to write, so it is left out")
         found = [cb for cb in found if not isinstance(cb, LearningRateMonitor)]
+    if cfg.trainer.get("limit_val_batches") == 0 and any(isinstance(cb, EarlyStopping) for cb in found):
+        rank_zero_info("trainer.limit_val_batches=0: no validation, so EarlyStopping is left out")
+        found = [cb for cb in found if not isinstance(cb, EarlyStopping)]
     return [*found, RankSeed(cfg.seed)] if "seed" in cfg else found  # eval has no seed
 
 
