@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,23 +55,23 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def explain_unsafe(path: Any, err: Exception) -> ConfigError:
-    """The one-line error for a checkpoint that could not be loaded safely or at all."""
-    if isinstance(err, pickle.UnpicklingError):
-        return ConfigError(
+@contextmanager
+def loading(path: Any) -> Iterator[None]:
+    """Around any checkpoint load: a refused pickle payload, or an empty or truncated file, becomes one
+    ConfigError line naming `ckpt_path`; every other error passes through unchanged."""
+    try:
+        yield
+    except pickle.UnpicklingError:
+        raise ConfigError(
             f"ckpt_path={path} holds Python objects, not plain data, and was not loaded (unpickling "
             "them could run code): use a checkpoint saved by Lightspeed, or re-save its tensors from a "
             "trusted copy"
-        )
-    return ConfigError(
-        f"ckpt_path={path} is not a readable checkpoint (empty or truncated? {type(err).__name__}): "
-        "pass another one, e.g. the run's other .ckpt file"
-    )
-
-
-def is_unreadable(err: Exception) -> bool:
-    """torch.load's errors for empty (EOFError) and truncated zip files (RuntimeError from the reader)."""
-    return isinstance(err, EOFError) or (isinstance(err, RuntimeError) and "PytorchStreamReader" in str(err))
-
-
-UNSAFE_LOAD_ERRORS = (pickle.UnpicklingError, EOFError, RuntimeError)
+        ) from None
+    except (EOFError, RuntimeError) as err:
+        # torch.load's errors for an empty file and for a truncated zip archive
+        if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
+            raise
+        raise ConfigError(
+            f"ckpt_path={path} is not a readable checkpoint (empty or truncated? {type(err).__name__}): "
+            "pass another one, e.g. the run's other .ckpt file"
+        ) from None

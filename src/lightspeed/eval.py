@@ -11,8 +11,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from lightspeed import accel, build, summary
-from lightspeed.checkpoint import UNSAFE_LOAD_ERRORS, explain_unsafe, is_unreadable
+from lightspeed import accel, build, checkpoint, summary
 from lightspeed.config import ConfigError, exit_on_config_error, validate_common
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.entry import hydra_entry
@@ -57,12 +56,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
             ) from None
         # map_location="cpu": a checkpoint saved on a GPU loads on any machine; the Trainer then moves
         # the model to whatever device this run uses. weights_only: loading never executes code.
-        try:
+        with checkpoint.loading(ckpt):
             model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
-        except UNSAFE_LOAD_ERRORS as err:
-            if isinstance(err, RuntimeError) and not is_unreadable(err):
-                raise
-            raise explain_unsafe(ckpt, err) from None
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
         accel.apply_to_model(cfg, model, dm)

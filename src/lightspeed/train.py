@@ -15,8 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from lightspeed import accel, build, summary
-from lightspeed.checkpoint import UNSAFE_LOAD_ERRORS, explain_unsafe, is_unreadable
+from lightspeed import accel, build, checkpoint, summary
 from lightspeed.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.entry import hydra_entry
 from lightspeed.noise import silence_known_noise
@@ -60,17 +59,14 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         accel.apply_to_model(cfg, model, dm)
         trainer = build.trainer(cfg, extra_callbacks)
         accel.report_idle(idle, accel.device_type(cfg))
+    config = build.plain_config(cfg)
     for logger in trainer.loggers:
-        logger.log_hyperparams(build.plain_config(cfg))
+        logger.log_hyperparams(config)
 
     start = time.perf_counter()
-    with exit_on_config_error():
-        try:  # weights_only: a checkpoint can only hold plain data; loading it never runs code
-            trainer.fit(model, datamodule=dm, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
-        except UNSAFE_LOAD_ERRORS as err:
-            if isinstance(err, RuntimeError) and not is_unreadable(err):
-                raise
-            raise explain_unsafe(cfg.get("ckpt_path"), err) from None
+    # weights_only: a checkpoint can only hold plain data; loading it never runs code
+    with exit_on_config_error(), checkpoint.loading(cfg.get("ckpt_path")):
+        trainer.fit(model, datamodule=dm, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
     fit_s = time.perf_counter() - start
 
     ckpt = trainer.checkpoint_callback
@@ -79,7 +75,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
     metrics: dict[str, float] = {
         k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
     }
-    if cfg.get("test_after_fit", True):
+    tested = cfg.get("test_after_fit", True)
+    if tested:
         # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.
         results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
         metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
@@ -96,10 +93,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             "global_step": trainer.global_step,
             "epochs": trainer.current_epoch,
             "fit_seconds": round(fit_s, 2),
-            "tested": ("best checkpoint" if best else "weights in memory")
-            if cfg.get("test_after_fit", True)
-            else None,
-            "config": build.plain_config(cfg),
+            "tested": None if not tested else "best checkpoint" if best else "weights in memory",
+            "config": config,
         },
         metrics,
     )
