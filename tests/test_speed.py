@@ -117,24 +117,85 @@ def test_the_peak_follows_the_math_mode() -> None:
     assert peak_flops("NVIDIA H200", "tf32") == 494.7e12 and peak_flops("NVIDIA H200", "fp32") == 66.9e12
 
 
-def test_progress_bar_reads_metrics_only_when_it_redraws(train_cfg, monkeypatch) -> None:
-    from lightspeed.callbacks import ProgressBar
+@pytest.mark.parametrize(("seconds_per_step", "steps_read"), [(0.0, [1, 10]), (1.0, list(range(1, 11)))])
+def test_progress_bar_reads_metrics_on_a_clock(train_cfg, monkeypatch, seconds_per_step, steps_read) -> None:
+    """refresh_rate=1 (a second): 10 instant steps read the metrics on the first and the last step only;
+    10 steps a second apart read them on each (and the epoch's end once more). Lightning's own bar reads
+    them after every step."""
+    from lightspeed.callbacks import ProgressBar, progress
 
-    reads = []
+    reads: list[int] = []
     real = ProgressBar.get_metrics
-    monkeypatch.setattr(ProgressBar, "get_metrics", lambda self, *a: reads.append(1) or real(self, *a))
+
+    def counting(self, trainer, pl_module):
+        if trainer.training:
+            reads.append(trainer.global_step)
+        return real(self, trainer, pl_module)
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(ProgressBar, "get_metrics", counting)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock) * seconds_per_step)
     result = train(
         train_cfg(
             "debug=limit",
             "callbacks.model_summary=null",
             "+trainer.enable_model_summary=false",
-            "callbacks.rich_progress_bar.refresh_rate=5",
+            "callbacks.rich_progress_bar.refresh_rate=1",
             "++trainer.limit_train_batches=10",
+            "++trainer.limit_val_batches=0",
             "trainer.max_epochs=1",
             "trainer.num_sanity_val_steps=0",
             "test_after_fit=false",
         )
     )
     assert result.trainer.global_step == 10
-    # Lightning's own bar reads them after each of the 10 steps; this one on steps 5 and 10 (+ validation end)
-    assert 2 <= len(reads) <= 4
+    assert reads == [*steps_read, 10]
+
+
+def test_stock_callbacks_keep_lightnings_state_key_and_build_it_once(monkeypatch) -> None:
+    from lightning.pytorch import callbacks as stock
+
+    from lightspeed.callbacks import EarlyStopping, ModelCheckpoint
+
+    ours, theirs = ModelCheckpoint(monitor="val/loss", mode="min"), stock.ModelCheckpoint(monitor="val/loss")
+    assert ours.state_key == theirs.state_key  # checkpoints written by either load into the other
+    assert EarlyStopping(monitor="val/loss").state_key == stock.EarlyStopping(monitor="val/loss").state_key
+    calls: list[dict] = []
+    build_key = lambda self, **kw: calls.append(kw) or "k"  # noqa: E731
+    monkeypatch.setattr(stock.ModelCheckpoint, "_generate_state_key", build_key)
+    fresh = ModelCheckpoint(monitor="val/loss")
+    assert [fresh.state_key for _ in range(6)] == ["k"] * 6 and len(calls) == 1
+
+
+def test_model_checkpoint_skips_per_step_checks_and_still_saves_every_n_train_steps(
+    train_cfg, run_dir: Path, monkeypatch
+) -> None:
+    """The per-step shortcut applies only when no step or time interval is set."""
+    from lightning.pytorch.callbacks import ModelCheckpoint as Stock
+
+    checks: list[int] = []
+    real = Stock._should_skip_saving_checkpoint
+    counted = lambda self, trainer: checks.append(1) or real(self, trainer)  # noqa: E731
+    monkeypatch.setattr(Stock, "_should_skip_saving_checkpoint", counted)
+    cfg = train_cfg("debug=limit", "trainer.max_epochs=1", "++trainer.limit_train_batches=6")
+    counts = []
+    for target in ["lightning.pytorch.callbacks.ModelCheckpoint", "lightspeed.callbacks.ModelCheckpoint"]:
+        checks.clear()
+        cfg.callbacks.model_checkpoint._target_ = target
+        train(cfg.copy())
+        counts.append(len(checks))
+    assert counts[0] == counts[1] + 6  # Lightning's checks the trainer after each of the 6 steps
+    result = train(
+        train_cfg(
+            "debug=limit",
+            "trainer.max_epochs=1",
+            "++trainer.limit_train_batches=4",
+            "++trainer.limit_val_batches=0",
+            "callbacks.model_checkpoint.monitor=null",
+            "callbacks.model_checkpoint.save_top_k=-1",
+            "+callbacks.model_checkpoint.every_n_train_steps=2",
+            "callbacks.model_checkpoint.filename='step{step}'",
+        )
+    )
+    saved = sorted(p.name for p in Path(result.trainer.checkpoint_callback.dirpath).glob("step*.ckpt"))
+    assert saved == ["step2.ckpt", "step4.ckpt"]

@@ -3,5 +3,6 @@
 from lightspeed.callbacks.progress import ProgressBar
 from lightspeed.callbacks.rank_seed import RankSeed
 from lightspeed.callbacks.speed import SpeedReport
+from lightspeed.callbacks.stock import EarlyStopping, ModelCheckpoint
 
-__all__ = ["ProgressBar", "RankSeed", "SpeedReport"]
+__all__ = ["EarlyStopping", "ModelCheckpoint", "ProgressBar", "RankSeed", "SpeedReport"]
