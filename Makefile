@@ -23,7 +23,7 @@ _cli := $(filter-out PYTHON=% VENV=% TORCH=% ARGS=%,$(subst \$(_space),@SPACE@,$
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 .DEFAULT_GOAL := help
-.PHONY: help install train eval doctor bench test test-full bench-data gpu-check lint format clean
+.PHONY: help install train eval doctor bench test test-full bench-data chaos gpu-check lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ bench: $(STAMP)  ## presets and single-knob ablations -> bench.md, bench.png (AR
 
 bench-data: $(STAMP)  ## device-resident loader vs DataLoader: samples/s (scripts/bench_data.py)
 	$(PY) scripts/bench_data.py $(ARGS)
+
+chaos: $(STAMP)  ## kill training at random moments, resume, compare with an uninterrupted run (ARGS="--trials 5")
+	$(PY) scripts/chaos.py $(ARGS)
 
 gpu-check: $(STAMP)  ## every GPU check in one go, results in gpu_out/ (scripts/gpu_check.sh)
 	PY=$(PY) bash scripts/gpu_check.sh

@@ -4,6 +4,8 @@ tests put this folder on PYTHONPATH and add them with `+callbacks.<name>._target
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -106,3 +108,50 @@ class SlowDigits(DigitsDataModule):
 
     def train_dataloader(self) -> Any:
         return SlowLoader(super().train_dataloader(), self.delay)
+
+
+class Fault(L.Callback):
+    """Injects one fault at a training step (`global_step` before the step), on one rank or all:
+    `nan` poisons the batch's inputs, `oom` raises torch's out-of-memory error, `raise` a RuntimeError,
+    `sigterm`/`sigusr1` sends the signal to this process, `exit` ends the process at once."""
+
+    def __init__(self, kind: str, step: int, rank: int | None = None) -> None:
+        self.kind, self.step, self.rank = kind, step, rank
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        if trainer.global_step != self.step or (self.rank is not None and trainer.global_rank != self.rank):
+            return
+        if self.kind == "nan":
+            batch[0][0] = float("nan")
+        elif self.kind == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        elif self.kind == "raise":
+            raise RuntimeError(f"simulated failure on rank {trainer.global_rank}")
+        elif self.kind in ("sigterm", "sigusr1"):
+            os.kill(os.getpid(), getattr(signal, self.kind.upper()))
+        elif self.kind == "exit":
+            os._exit(9)
+
+
+class Snapshot(L.Callback):
+    """The weights and the optimizer's step count before and after the training step at `step`."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.before, self.after = step, {}, {}
+
+    def _take(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        state = next(iter(trainer.optimizers[0].state.values()), {})
+        return {
+            "weights": {k: v.clone() for k, v in pl_module.state_dict().items()},
+            "opt_step": state.get("step"),
+        }
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            self.before = self._take(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.global_step == self.step + 1:
+            self.after = self._take(trainer, pl_module)

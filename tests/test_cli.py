@@ -76,7 +76,7 @@ def test_ddp_cpu_trains_two_ranks_into_one_run_dir(tmp_path: Path) -> None:
     # one run directory, written by rank 0 only: its checkpoints, logs and summary
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["ddp_run", "probe"]
     assert {p.name for p in (run / "checkpoints").iterdir()} >= {"last.ckpt"}
-    assert (run / "csv" / "metrics.csv").is_file() and (run / "summary.json").is_file()
+    assert (run / "csv" / "version_0" / "metrics.csv").is_file() and (run / "summary.json").is_file()
     assert (run / "train_ddp_process_1.log").is_file()  # rank 1 ran in the same directory
     assert proc.stdout.count("Lightspeed: training finished") == 1  # one summary, from rank 0
 
@@ -92,9 +92,10 @@ def test_multirun_sweeps_two_jobs(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    jobs = sorted(tmp_path.glob("train/multiruns/*/*/summary.json"))
-    assert [p.parent.name for p in jobs] == ["0", "1"]
-    assert [json.loads(p.read_text())["config"]["model"]["net"]["name"] for p in jobs] == ["mlp", "cnn"]
+    # each job is an ordinary run, in the folder its own command would use: rerunning the sweep resumes it
+    jobs = sorted(tmp_path.glob("train/runs/*/summary.json"))
+    assert [p.parent.name.rsplit("-", 1)[0] for p in jobs] == ["digits-cnn", "digits-mlp"]
+    assert [json.loads(p.read_text())["config"]["model"]["net"]["name"] for p in jobs] == ["cnn", "mlp"]
     for job in jobs:  # Lightning's messages reach each job's log file, not only the console
         assert "Running in `fast_dev_run` mode" in (job.parent / "train.log").read_text()
 

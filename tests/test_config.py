@@ -57,6 +57,11 @@ def test_command_line_values_reach_the_config(train_cfg) -> None:
     ("override", "key"),
     [
         ("trainer.precision=15", "trainer.precision"),
+        ("resume=maybe", "resume"),
+        ("run_name=a/b", "run_name"),
+        ("callbacks.nonfinite.action=ignore", "callbacks.nonfinite.action"),
+        ("callbacks.preemption.signals=[SIGKILL]", "callbacks.preemption.signals"),
+        ("callbacks.preemption.check_every_n_steps=0", "callbacks.preemption.check_every_n_steps"),
         ("trainer.max_epochs=abc", "trainer.max_epochs"),
         ("trainer.max_epochs=-3", "trainer.max_epochs"),
         ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches"),

@@ -9,6 +9,7 @@ import torch
 
 from lightspeed.config import ConfigError
 from lightspeed.data import DigitsDataModule, SyntheticDataModule, auto_num_workers
+from lightspeed.data.device_loader import EpochOrder
 
 
 def test_digits_splits_are_disjoint_complete_and_reproducible() -> None:
@@ -64,7 +65,9 @@ def test_loader_settings_reach_the_dataloader() -> None:
         True,
         True,
     )
-    assert isinstance(loader.sampler, torch.utils.data.RandomSampler)
+    # shuffled by an order that is a function of (seed, epoch) and can resume mid-epoch
+    assert isinstance(loader.sampler, EpochOrder) and loader.sampler.shuffle
+    assert sorted(loader.sampler) == list(range(len(dm.splits["train"])))
     assert isinstance(dm.val_dataloader().sampler, torch.utils.data.SequentialSampler)
 
 

@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
-from conftest import TINY, run_module
+from conftest import run_module
 from lightspeed.data.augment import random_crop, random_flip
 from lightspeed.data.device_loader import DeviceLoader, EpochOrder
-from lightspeed.train import train
-from probes import BatchProbe
 
 
 def loader(
@@ -83,36 +80,7 @@ def test_augmentations_keep_shape_and_content() -> None:
     assert all(m or s for m, s in zip(mirrored, same, strict=True)) and 5 < sum(mirrored) < 35
 
 
-class Interrupt(L.Callback):
-    """Saves a checkpoint after `step` optimizer steps, mid-epoch, and stops, as a crash would."""
-
-    def __init__(self, step: int, path: Path) -> None:
-        self.step, self.path = step, path
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
-        if trainer.global_step == self.step:
-            trainer.save_checkpoint(self.path)
-            trainer.should_stop = True
-
-
-def test_training_resumed_mid_epoch_sees_the_same_batches(train_cfg, tmp_path: Path) -> None:
-    args = [
-        *TINY,
-        "data.on_device=true",
-        "test_after_fit=false",
-        "++trainer.limit_train_batches=null",
-        "data.batch_size=256",
-        "trainer.max_epochs=2",
-    ]
-    whole = BatchProbe()
-    train(train_cfg(*args), [whole])
-    assert len(whole.steps) == 2 * 5  # 1258 samples, batch 256: 5 steps an epoch
-    ckpt = tmp_path / "mid.ckpt"
-    train(train_cfg(*args), [Interrupt(3, ckpt)])
-    resumed = BatchProbe()
-    train(train_cfg(*args, f"ckpt_path={ckpt}"), [resumed])
-    # loss of precision aside, the same batches in the same order as the uninterrupted run
-    assert [s["fingerprint"] for s in resumed.steps] == [s["fingerprint"] for s in whole.steps[3:]]
+# Training resumed mid-epoch on device-resident data: tests/test_resume.py (bit-identical weights).
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ def test_report_is_consistent_with_what_ran(train_cfg, run_dir: Path) -> None:
     # the CNN on a 64-image batch: forward ~1.2 MFLOP an image, backward about twice that
     assert 1.5e8 < r["flops_per_batch"] < 3.5e8
     assert r["mfu"] is None and r["peak_flops"] is None  # no peak figure for a CPU
-    metrics = (run_dir / "csv" / "metrics.csv").read_text()
+    metrics = (run_dir / "csv" / "version_0" / "metrics.csv").read_text()
     assert "speed/samples_per_s" in metrics.splitlines()[0]  # the same numbers reach the logger
 
 
@@ -182,12 +182,14 @@ def test_model_checkpoint_skips_per_step_checks_and_still_saves_every_n_train_st
     for target in ["lightning.pytorch.callbacks.ModelCheckpoint", "lightspeed.callbacks.ModelCheckpoint"]:
         checks.clear()
         cfg.callbacks.model_checkpoint._target_ = target
+        cfg.paths.output_dir = str(run_dir / target)  # a fresh run each time, not a resumed one
         train(cfg.copy())
         counts.append(len(checks))
     assert counts[0] == counts[1] + 6  # Lightning's checks the trainer after each of the 6 steps
     result = train(
         train_cfg(
             "debug=limit",
+            f"paths.output_dir={run_dir / 'every2'}",
             "trainer.max_epochs=1",
             "++trainer.limit_train_batches=4",
             "++trainer.limit_val_batches=0",

@@ -41,7 +41,7 @@ def test_tiny_run_writes_checkpoints_logs_and_a_summary(train_cfg, run_dir: Path
     assert result.trainer.global_step == 2 * 5  # debug=limit: 2 epochs of 5 batches
     assert Path(result.best_checkpoint).parent == run / "checkpoints"
     assert (run / "checkpoints" / "last.ckpt").is_file()
-    metrics_csv = (run / "csv" / "metrics.csv").read_text()
+    metrics_csv = (run / "csv" / "version_0" / "metrics.csv").read_text()
     assert "train/loss" in metrics_csv and "val/acc" in metrics_csv
     facts = json.loads((run / SUMMARY_FILE).read_text())
     assert facts["best_checkpoint"] == result.best_checkpoint
@@ -114,12 +114,13 @@ def test_resume_from_last_checkpoint_continues_the_global_step(train_cfg, run_di
     assert resumed.trainer.current_epoch == 2
 
 
-def test_accumulate_grad_batches_takes_a_quarter_of_the_optimizer_steps(train_cfg) -> None:
+def test_accumulate_grad_batches_takes_a_quarter_of_the_optimizer_steps(train_cfg, tmp_path: Path) -> None:
     steps = {}
     for n in (1, 4):
         result = train(
             train_cfg(
                 *TINY,
+                f"paths.output_dir={tmp_path / str(n)}",  # two runs, two folders (as two run_names)
                 "trainer.max_epochs=1",
                 "++trainer.limit_train_batches=8",
                 f"trainer.accumulate_grad_batches={n}",
@@ -174,7 +175,8 @@ def test_the_issue_knob_combination_reaches_trainer_and_torch(train_cfg) -> None
 
 
 @pytest.mark.parametrize(
-    ("logger", "artifact"), [("csv", "csv/metrics.csv"), ("tensorboard", "tensorboard"), ("none", None)]
+    ("logger", "artifact"),
+    [("csv", "csv/version_0/metrics.csv"), ("tensorboard", "tensorboard/version_0"), ("none", None)],
 )
 def test_logger_options(train_cfg, run_dir: Path, logger: str, artifact: str | None) -> None:
     result = train(train_cfg(*TINY, f"logger={logger}", "trainer.max_epochs=1"))

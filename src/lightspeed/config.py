@@ -67,9 +67,16 @@ def _bool_or_auto() -> tuple[Callable[[Any], bool], str]:
     return (lambda v: v == "auto" or isinstance(v, bool), "auto, true or false")
 
 
+_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
+
 # key -> (predicate, what is allowed). A key that is absent from the config is not checked.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (_is_int, "an integer"),
+    "run_name": (
+        lambda v: isinstance(v, str) and re.fullmatch(r"[\w.,=+-]+", v) is not None,
+        "letters, digits and . , = + - _ (it names a folder)",
+    ),
+    "resume": _one_of("auto", "never"),
     "trainer.precision": _one_of("auto", *PRECISIONS),
     "trainer.accelerator": _one_of(*ACCELERATORS),
     "trainer.max_epochs": (
@@ -106,6 +113,14 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a torch.compile backend: " + ", ".join(torch.compiler.list_backends()),
     ),
     "accel.optimizer_impl": _one_of("auto", "fused", "foreach", "loop"),
+    "callbacks.nonfinite.action": _one_of("stop", "skip"),
+    "callbacks.nonfinite.check_every_n_steps": _int_at_least(1),
+    "callbacks.nonfinite.max_consecutive_skips": _int_at_least(1),
+    "callbacks.preemption.check_every_n_steps": _int_at_least(1),
+    "callbacks.preemption.signals": (
+        lambda v: isinstance(v, Sequence) and all(s in _SIGNALS for s in v),
+        "a list of " + ", ".join(_SIGNALS),
+    ),
 }
 
 

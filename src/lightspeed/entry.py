@@ -16,7 +16,10 @@ from omegaconf import DictConfig, open_dict
 
 from lightspeed import CONF_DIR
 from lightspeed.config import check_group_choices, exit_on_config_error
+from lightspeed.resume import register_resolver
 from lightspeed.runlog import route_to_run_log
+
+register_resolver()
 
 
 def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable[[], None]:

@@ -5,19 +5,24 @@ Returns the configured metric, so that Hydra sweepers can optimise it.
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig
 
-from lightspeed import accel, build, checkpoint, summary
+from lightspeed import accel, build, checkpoint, resume, summary
 from lightspeed.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.entry import hydra_entry
+from lightspeed.failures import TrainingFailure, exit_on_failure
 from lightspeed.noise import silence_known_noise
 
 
@@ -34,6 +39,42 @@ def refuse_multirun_with_ddp(cfg: DictConfig) -> None:
             "trainer=gpu), or loop in the shell: "
             "`for lr in 1e-3 3e-3; do make train trainer=ddp model.optimizer.lr=$lr; done`"
         )
+
+
+@contextmanager
+def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
+    """When training fails in the first rank, end the ranks Lightning started for it, at once, and say
+    which rank failed first.
+
+    Lightning's launcher ends every rank within ~5 s when one of the others exits non-zero, but when the
+    first rank fails the others wait in their next collective until the process-group timeout. A rank
+    that dies makes the first one fail too (its collectives lose their peer): then the line names the
+    rank that died, whose own error is above it, instead of a traceback of the lost connection.
+    A preemption (not an Exception) and an agreed TrainingFailure (the ranks reduce the non-finite check)
+    end every rank by themselves.
+    """
+    try:
+        yield
+    except TrainingFailure:
+        raise  # the ranks agreed on it: each exits by itself, the first one with its line
+    except (Exception, KeyboardInterrupt):
+        procs = getattr(trainer.strategy.launcher, "procs", None)
+        if not procs:
+            raise
+        deadline = time.monotonic() + 2.0  # a peer's death reaches us before its exit status does
+        while not any(p.poll() for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        dead = [(rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.returncode]
+        trainer.strategy.launcher.kill(signal.SIGKILL)
+        if dead:
+            rank, code = dead[0]
+            print(
+                f"error: rank {rank} exited with code {code} (its error is above); stopped every rank",
+                file=sys.stderr,
+            )
+            raise SystemExit(1) from None
+        print(f"error: rank 0 failed (below); stopped the other {len(procs)} ranks", file=sys.stderr)
+        raise
 
 
 @dataclass
@@ -59,26 +100,39 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         accel.apply_to_model(cfg, model, dm)
         trainer = build.trainer(cfg, extra_callbacks)
         accel.report_idle(idle, accel.device_type(cfg))
+        ckpt_path = resume.resolve(cfg)
+        start_info = resume.inspect(Path(ckpt_path)) if ckpt_path is not None else None
     config = build.plain_config(cfg)
     for logger in trainer.loggers:
         logger.log_hyperparams(config)
 
     start = time.perf_counter()
     # weights_only: a checkpoint can only hold plain data; loading it never runs code
-    with exit_on_config_error(), checkpoint.loading(cfg.get("ckpt_path")):
-        trainer.fit(model, datamodule=dm, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
+    with (
+        exit_on_config_error(),
+        exit_on_failure(cfg),
+        stop_other_ranks_on_failure(trainer),
+        checkpoint.loading(ckpt_path),
+    ):
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     fit_s = time.perf_counter() - start
-
     ckpt = trainer.checkpoint_callback
     # Only a monitored checkpoint is a "best" one (Lightning's default checkpoint just keeps the last).
     best = ckpt.best_model_path if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
     metrics: dict[str, float] = {
         k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
     }
+    if start_info is not None and trainer.global_step == start_info["global_step"]:
+        rank_zero_info(
+            f"nothing left to train: {ckpt_path} had already finished; testing its best checkpoint again "
+            "(run_name=<new name> trains a new run)"
+        )
+        metrics = {**start_info["metrics"], **metrics}  # what the finished run last measured
     tested = cfg.get("test_after_fit", True)
     if tested:
         # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.
-        results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
+        with exit_on_failure(cfg), stop_other_ranks_on_failure(trainer):
+            results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
         metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
 
     score = _optimized_score(cfg, trainer, metrics)

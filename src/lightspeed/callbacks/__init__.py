@@ -1,8 +1,18 @@
 """Lightning callbacks that Lightspeed adds to every run."""
 
+from lightspeed.callbacks.nonfinite import NonFiniteGuard
+from lightspeed.callbacks.preemption import Preemption
 from lightspeed.callbacks.progress import ProgressBar
 from lightspeed.callbacks.rank_seed import RankSeed
 from lightspeed.callbacks.speed import SpeedReport
 from lightspeed.callbacks.stock import EarlyStopping, ModelCheckpoint
 
-__all__ = ["EarlyStopping", "ModelCheckpoint", "ProgressBar", "RankSeed", "SpeedReport"]
+__all__ = [
+    "EarlyStopping",
+    "ModelCheckpoint",
+    "NonFiniteGuard",
+    "Preemption",
+    "ProgressBar",
+    "RankSeed",
+    "SpeedReport",
+]

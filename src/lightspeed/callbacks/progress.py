@@ -29,3 +29,9 @@ class ProgressBar(RichProgressBar):
             return
         self._last_update = now
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float]:
+        """The logged metrics, without the logger's version number (each resumed attempt gets one)."""
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics

@@ -1,25 +1,37 @@
-"""A distinct random stream per DDP rank, after the model is identical everywhere."""
+"""A distinct random stream per DDP rank, saved in checkpoints so that a resumed run draws the same."""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
+import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lightspeed import rng
 
 
 class RankSeed(L.Callback):
-    """Reseed torch, numpy and random with `seed + global_rank` once fit starts.
+    """Reseed torch, numpy and random with `seed + global_rank` once fit starts; save and restore every
+    rank's generator states with each checkpoint.
 
-    Everything built before that (weights, the data split) used the same seed on every rank, as it must.
-    From here on, dropout masks and on-device augmentation must differ between ranks, or the ranks would
+    Everything built before fit (weights, the data split) used the same seed on every rank, as it must.
+    From then on, dropout masks and on-device augmentation must differ between ranks, or the ranks would
     draw the same noise for different samples. The run's seed (PL_GLOBAL_SEED) stays as it was: the
-    distributed samplers and loader workers derive their seeds from it, and samplers must agree.
+    samplers derive the data order from it, and the ranks must agree on it.
+
+    Resuming restores each rank's states when training starts (`on_train_start`): after everything that
+    runs before it (sanity checks, summaries) and before the first batch is augmented, so that the resumed
+    run draws exactly what the uninterrupted one would have. (Lightning skips `on_train_epoch_start`
+    when it resumes mid-epoch.)
     """
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
+        self._pending: dict[str, Any] | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1:
@@ -27,3 +39,28 @@ class RankSeed(L.Callback):
             random.seed(seed)
             np.random.seed(seed)
             torch.manual_seed(seed)  # all devices' generators too
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's states (a collective: Lightning builds checkpoints on all ranks at once)."""
+        mine = rng.capture()
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return {"ranks": [mine]}
+        states: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(states, mine)
+        return {"ranks": states}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._pending is None:
+            return
+        ranks = self._pending["ranks"]
+        self._pending = None
+        if len(ranks) != trainer.world_size:
+            rank_zero_warn(
+                f"the checkpoint holds random states for {len(ranks)} processes, this run has "
+                f"{trainer.world_size}: continuing with fresh seeds (the run is no longer bit-exact)"
+            )
+            return
+        rng.restore(ranks[trainer.global_rank])

@@ -1,4 +1,4 @@
-"""Lightning's ModelCheckpoint and EarlyStopping, the same behaviour with less work per step.
+"""Lightning's ModelCheckpoint and EarlyStopping: less work per step, and aware of resumed runs.
 
 Lightning dispatches every hook to every callback (~6 a training step) and names each call after the
 callback's `state_key`, which these two rebuild from a dict repr every time. Their key's inputs are
@@ -26,15 +26,63 @@ class _StateKeyOnce:
 
 class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
     """`on_train_batch_end` returns at once when neither `every_n_train_steps` nor
-    `train_time_interval` is set, where Lightning's returns after checking the trainer's state."""
+    `train_time_interval` is set, where Lightning's returns after checking the trainer's state.
+
+    A step save (`every_n_train_steps`) that falls on an epoch's last batch waits for the validation that
+    follows it. Lightning 2.6 saves it before that validation and then skips the epoch-end save (same
+    step): the last epoch's validation never reaches a checkpoint, the saved metrics are the previous
+    epoch's, and a run resumed from that file skips the validation altogether.
+    """
+
+    _save_after_validation = False
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._every_n_train_steps < 1 and self._train_time_interval is None:
             return
+        steps = self._every_n_train_steps
+        if steps >= 1 and trainer.global_step % steps == 0 and _validation_follows(trainer):
+            self._save_after_validation = True
+            return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._save_after_validation:
+            self._save_after_validation = False
+            if not self._should_skip_saving_checkpoint(trainer):
+                candidates = self._monitor_candidates(trainer)
+                self._save_topk_checkpoint(trainer, candidates)
+                self._save_last_checkpoint(trainer, candidates)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A resumed run does not save its starting step again: that checkpoint is the one it resumed from.
+        (Lightning forgets which step it saved last; finishing a resumed epoch would rewrite last.ckpt.)"""
+        super().on_train_start(trainer, pl_module)
+        if trainer.global_step > 0:
+            self._last_global_step_saved = trainer.global_step
+
+    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:
+        """Lightning warns when the folder holds checkpoints; a run's own folder does whenever it resumes
+        (`resume=never` refuses to start over one, see lightspeed.resume)."""
 
 
 class EarlyStopping(_StateKeyOnce, _EarlyStopping):
-    pass
+    """A run that early stopping ended stays ended when resumed: Lightning's would train another epoch
+    before its next check."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stopped_epoch > 0:
+            trainer.should_stop = True
+
+
+def _validation_follows(trainer: L.Trainer) -> bool:
+    """This is the epoch's last batch and a validation runs right after it."""
+    if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or not trainer.enable_validation:
+        return False
+    batches = trainer.num_val_batches
+    every = trainer.check_val_every_n_epoch
+    return bool(sum(batches) if isinstance(batches, list) else batches) and (
+        every is None or (trainer.current_epoch + 1) % every == 0
+    )

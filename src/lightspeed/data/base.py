@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed.config import ConfigError
 from lightspeed.data.augment import random_crop, random_flip
-from lightspeed.data.device_loader import DeviceLoader, EpochOrder
+from lightspeed.data.device_loader import DeviceLoader, EpochOrder, Position, ResumableDataLoader
 from lightspeed.device import cpu_count
 
 #: Device-resident data may take at most this share of the device's free memory: the rest is for
@@ -77,7 +77,7 @@ class ArrayDataModule(L.LightningDataModule):
         self.channels_last = False  # set by lightspeed.accel when accel.channels_last is on
         self.splits: dict[str, TensorDataset] = {}
         self._device_splits: dict[str, tuple[Tensor, Tensor]] = {}
-        self._train_loader: DeviceLoader | None = None  # its position is saved in checkpoints
+        self._train_loader: Position | None = None  # its position is saved in checkpoints
         self._train_position: dict[str, Any] | None = None  # restored from a checkpoint
         self._on_device_decision: bool | None = None
 
@@ -155,44 +155,47 @@ class ArrayDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader | DeviceLoader:
         rank, world = self._ranks()
+        # The data order is the run's seed's, as for Lightning's DistributedSampler: equal on all ranks.
+        order = EpochOrder(
+            len(self.splits[split]), shuffle, int(os.environ.get("PL_GLOBAL_SEED", 0)), rank, world
+        )
         if self.uses_device_loader():
             if split not in self._device_splits:
                 self._device_splits[split] = tuple(t.to(self._device) for t in self.splits[split].tensors)
             x, y = self._device_splits[split]
-            # The shuffle seed is the run's seed, as for Lightning's DistributedSampler: equal on all ranks.
-            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            return DeviceLoader(x, y, self.batch_size, EpochOrder(len(x), shuffle, seed, rank, world))
+            return DeviceLoader(x, y, self.batch_size, order)
         workers = self._resolved_num_workers()
-        sampler = None
-        if not shuffle and world > 1:
-            # Evaluation under DDP: each sample on exactly one rank. Lightning's default sampler pads the
-            # last batch with repeats, which would count some samples twice in val/test metrics.
-            sampler = UnrepeatedDistributedSampler(
-                self.splits[split], num_replicas=world, rank=rank, shuffle=False
-            )
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            num_workers=workers,
-            pin_memory=self._resolved_pin_memory(),
-            persistent_workers=self.persistent_workers and workers > 0,
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+        options: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "num_workers": workers,
+            "pin_memory": self._resolved_pin_memory(),
+            "persistent_workers": self.persistent_workers and workers > 0,
+            "prefetch_factor": self.prefetch_factor if workers > 0 else None,
+            # Worker seeds come from this generator, not from the global RNG, which creating an iterator
+            # would otherwise advance: a resumed run must draw the same numbers as an uninterrupted one.
+            "generator": torch.Generator().manual_seed(order.seed + rank),
+        }
+        if shuffle:
+            return ResumableDataLoader(self.splits[split], sampler=order, **options)
+        # Evaluation (and overfit_batches) under DDP: each sample on exactly one rank. Lightning's default
+        # sampler pads the last batch with repeats, which would count some samples twice in the metrics.
+        sampler = UnrepeatedDistributedSampler(
+            self.splits[split], num_replicas=world, rank=rank, shuffle=False
         )
+        return DataLoader(self.splits[split], sampler=sampler if world > 1 else None, **options)
 
     def train_dataloader(self) -> DataLoader | DeviceLoader:
-        # overfit_batches: the same batches every epoch (Lightning unshuffles DataLoaders itself)
+        # overfit_batches: the same batches every epoch
         overfit = self.trainer is not None and self.trainer.overfit_batches > 0
         loader = self._loader("train", shuffle=not overfit)
-        if isinstance(loader, DeviceLoader):
+        if isinstance(loader, Position):
             if self._train_position is not None:
                 loader.load_state_dict(self._train_position)
             self._train_loader = loader
         return loader
 
-    # The device loader's position travels in the checkpoint through the DataModule's state, which
-    # Lightning restores before it builds the loaders. Its own state_dict would be lost whenever
+    # The training loader's position travels in the checkpoint through the DataModule's state, which
+    # Lightning restores before it builds the loaders. The loader's own state_dict would be lost whenever
     # `trainer.estimated_stepping_batches` builds the loader before the restore (Lightning #20550).
     def state_dict(self) -> dict[str, Any]:
         return {"train_position": self._train_loader.state_dict()} if self._train_loader is not None else {}

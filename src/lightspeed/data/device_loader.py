@@ -1,7 +1,9 @@
-"""A loader for data sets that fit in device memory: no workers, no per-sample collate, no copies.
+"""The sample order of every epoch, and two loaders that can stop mid-epoch and continue there.
 
-The fastest training code (airbench, nanoGPT) keeps the whole data set on the GPU and slices batches
-out of it with an on-device permutation. On a CPU the same code is the in-memory fast path.
+`DeviceLoader` serves data sets that fit in device memory: no workers, no per-sample collate, no
+copies. The fastest training code (airbench, nanoGPT) keeps the whole data set on the GPU and slices
+batches out of it with an on-device permutation; on a CPU the same code is the in-memory fast path.
+`ResumableDataLoader` is torch's DataLoader (workers, pinned memory) over the same order.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader
 
 
 class EpochOrder:
@@ -26,6 +29,7 @@ class EpochOrder:
     def __init__(self, n: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1) -> None:
         self.n, self.shuffle, self.seed, self.rank, self.world_size = n, shuffle, seed, rank, world_size
         self.epoch = 0
+        self.start = 0  # as a sampler: samples of this epoch to leave out (already trained on)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -36,8 +40,8 @@ class EpochOrder:
         return len(range(self.rank, self.n, self.world_size))
 
     def __iter__(self) -> Iterator[int]:
-        """This epoch's indices, as a sampler gives them."""
-        return iter(self.indices(torch.device("cpu")).tolist())
+        """This epoch's indices from `start` on, as a sampler gives them."""
+        return iter(self.indices(torch.device("cpu"))[self.start :].tolist())
 
     def indices(self, device: torch.device) -> Tensor:
         if not self.shuffle:
@@ -48,14 +52,31 @@ class EpochOrder:
         return perm[self.rank :: self.world_size].to(device, non_blocking=True)
 
 
-class DeviceLoader:
-    """Batches sliced from tensors that already live on the training device.
+class Position:
+    """Which epoch a loader is in and how many of its batches it has handed out, so that a loader
+    restored from a checkpoint continues the epoch where it stopped (training loaders, shuffled).
+    Unshuffled loaders (evaluation) serve every batch on every pass. Lightning calls `set_epoch` on
+    `sampler` at each epoch start; the `len` stays the epoch's full length, as Lightning counts on."""
 
-    Resumable when shuffled (training): `state_dict` holds the epoch and how many of its batches were
-    served; Lightning saves it in checkpoints and restores it because this class has `state_dict` and
-    `load_state_dict`, and a restored loader continues the epoch where it stopped. Unshuffled loaders
-    (evaluation) serve every batch on every pass.
-    """
+    sampler: EpochOrder
+    batch_size: int
+
+    def _begin_epoch(self) -> int:
+        """Called as an epoch's iteration starts: the number of batches to leave out."""
+        if self._served_epoch != self.sampler.epoch or not self.sampler.shuffle:
+            self._served, self._served_epoch = 0, self.sampler.epoch
+        return self._served
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self._served_epoch, "batches_served": self._served}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._served_epoch, self._served = int(state["epoch"]), int(state["batches_served"])
+        self.sampler.set_epoch(self._served_epoch)
+
+
+class DeviceLoader(Position):
+    """Batches sliced from tensors that already live on the training device."""
 
     def __init__(self, x: Tensor, y: Tensor, batch_size: int, order: EpochOrder) -> None:
         self.x, self.y, self.batch_size = x, y, batch_size
@@ -68,17 +89,27 @@ class DeviceLoader:
         return -(-len(self.sampler) // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        if self._served_epoch != self.sampler.epoch or not self.sampler.shuffle:  # start from the first batch
-            self._served, self._served_epoch = 0, self.sampler.epoch
         idx = self.sampler.indices(self.x.device)
-        for start in range(self._served * self.batch_size, len(idx), self.batch_size):
+        for start in range(self._begin_epoch() * self.batch_size, len(idx), self.batch_size):
             batch = idx[start : start + self.batch_size]
             self._served += 1
             yield self.x[batch], self.y[batch]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self._served_epoch, "batches_served": self._served}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._served_epoch, self._served = int(state["epoch"]), int(state["batches_served"])
-        self.sampler.set_epoch(self._served_epoch)
+class ResumableDataLoader(Position, DataLoader):
+    """torch's DataLoader over an `EpochOrder` sampler. Batches are counted as they reach the training
+    loop, not as the sampler hands out indices: workers fetch ahead of what was trained on."""
+
+    def __init__(self, *args: Any, sampler: EpochOrder, **kwargs: Any) -> None:
+        super().__init__(*args, sampler=sampler, **kwargs)
+        self._served = 0
+        self._served_epoch = sampler.epoch
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self.sampler.start = self._begin_epoch() * self.batch_size
+        try:
+            for batch in super().__iter__():
+                self._served += 1
+                yield batch
+        finally:
+            self.sampler.start = 0

@@ -46,6 +46,30 @@ class Classifier(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
+    # The epoch's training accuracy so far travels with a mid-epoch checkpoint, so that a resumed epoch
+    # reports the accuracy over all its batches, as an uninterrupted one does. The latest metrics travel
+    # too: a run resumed after its training had finished reports them instead of none.
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = {k: v.detach().cpu() for k, v in self.train_acc.metric_state.items()}
+        checkpoint["train_acc"] = {"epoch": self.current_epoch, "state": state}
+        logged = self.trainer.callback_metrics.items()
+        metrics = {k: float(v) for k, v in logged if k.startswith(("train/", "val/"))}
+        if self.train_acc.update_count:  # the epoch's accuracy so far, as its end will log it
+            metrics["train/acc"] = float(self.train_acc.compute())
+        checkpoint["metrics"] = metrics
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._restored_train_acc = checkpoint.get("train_acc")
+        schedules = checkpoint.get("lr_schedulers") or [{}]
+        self._restored_schedule_steps = schedules[0].get("total_steps", schedules[0].get("T_max"))
+
+    def on_train_start(self) -> None:  # Lightning skips on_train_epoch_start when it resumes mid-epoch
+        restored, self._restored_train_acc = getattr(self, "_restored_train_acc", None), None
+        if restored is not None and restored["epoch"] == self.current_epoch:
+            for name, value in restored["state"].items():
+                setattr(self.train_acc, name, value.to(self.device))
+            self.train_acc._update_count += 1
+
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         logits = self(x)
@@ -112,6 +136,14 @@ class Classifier(L.LightningModule):
             pct = float(sched_cfg.get("pct_start", 0.3))
             cls = torch.optim.lr_scheduler.OneCycleLR
             fixed = {"max_lr": opt_cfg["lr"], "total_steps": max(steps, math.ceil(2 / min(pct, 1 - pct)) + 1)}
+        length = fixed.get("total_steps", fixed.get("T_max"))
+        restored = getattr(self, "_restored_schedule_steps", None)
+        if restored is not None and restored != length:
+            raise ConfigError(
+                f"model.scheduler.name={kind}: the checkpoint's schedule spans {restored} steps, this run "
+                f"{length} (trainer.max_epochs or max_steps changed?); a schedule cannot be stretched: "
+                "keep the length it was started with, or start a new run"
+            )
         # Keys meant for another schedule (`pct_start` when switching to cosine) are left out, with a note.
         accepted = inspect.signature(cls).parameters
         unused = sorted(k for k in sched_cfg if k not in accepted)

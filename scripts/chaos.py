@@ -1,0 +1,153 @@
+"""Fault injection: kill training at random moments, rerun the same command, compare with a run that
+was never interrupted.
+
+    python scripts/chaos.py [--trials 5] [--mode single|ddp_cpu|both] [--seed 0] [-- extra overrides]
+
+For each mode: one uninterrupted reference run, then `--trials` runs that are each SIGKILLed (the
+whole process group: every rank, as a lost node or an OOM killer would) at a random moment during
+training, and rerun with the same command until they finish (`resume=auto` continues from the newest
+loadable checkpoint; a save cut short leaves only a `.tmp`). Checkpoints are written every 3 steps, so
+kills land mid-epoch, at epoch ends and during saves. Each finished trial's final weights (last.ckpt)
+and metrics (summary.json) are compared bit for bit with the reference's. Prints, per mode,
+"N/N resumed, weights identical to the uninterrupted run"; exits 1 if any trial differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+#: Small, deterministic, and random where it matters: dropout and random crops/flips draw from the RNG.
+RUN = [
+    "data=synthetic",
+    "data.num_samples=3000",
+    "data.shape=[3,8,8]",
+    "data.batch_size=64",  # 2400 training samples: 38 steps an epoch
+    "model=mlp",
+    "model.net.dropout=0.3",
+    "trainer.max_epochs=3",
+    "trainer.deterministic=true",
+    "trainer.log_every_n_steps=5",
+    "trainer.num_sanity_val_steps=0",
+    "+callbacks.model_checkpoint.every_n_train_steps=3",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.model_summary=null",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
+]
+MODES = {"single": [], "ddp_cpu": ["trainer=ddp_cpu"]}
+
+
+def command(mode: str, run_dir: Path, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "lightspeed.train", *MODES[mode], *RUN, *extra, f"hydra.run.dir={run_dir}"]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    with open(log, "a") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def finish(cmd: list[str], log: Path, attempts: int = 5) -> int:
+    """Rerun `cmd` until it exits 0; the number of runs it took."""
+    for attempt in range(1, attempts + 1):
+        if start(cmd, log).wait(timeout=900) == 0:
+            return attempt
+    raise RuntimeError(f"{cmd} did not finish in {attempts} attempts: see {log}")
+
+
+def final_state(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    weights = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    metrics = json.loads((run_dir / "summary.json").read_text())["metrics"]
+    return weights, metrics
+
+
+def identical(a: Path, b: Path) -> bool:
+    (wa, ma), (wb, mb) = final_state(a), final_state(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa) and ma == mb
+
+
+def started(proc: subprocess.Popen, run_dir: Path) -> float:
+    """Wait until training has written its first checkpoint (step 3); the time it took."""
+    began = time.monotonic()
+    while proc.poll() is None and not (run_dir / "checkpoints").exists():
+        time.sleep(0.02)
+    return time.monotonic() - began
+
+
+def trial(mode: str, run_dir: Path, extra: list[str], training: float, rng: random.Random) -> str:
+    """Kill a run once at a random moment of its training (from its first checkpoint to the end of its
+    test), finish it, and say how it went."""
+    cmd, log = command(mode, run_dir, extra), run_dir.with_suffix(".log")
+    run_dir.mkdir(parents=True)
+    proc = start(cmd, log)
+    after = started(proc, run_dir)
+    when = rng.uniform(0, training)
+    try:
+        proc.wait(timeout=when)
+        killed = "finished before the kill"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        killed = f"SIGKILL {when:.2f}s into training ({after + when:.1f}s after start)"
+    leftovers = (
+        sorted(p.name for p in (run_dir / "checkpoints").glob("*"))
+        if (run_dir / "checkpoints").exists()
+        else []
+    )
+    runs = finish(cmd, log)
+    resumed = re.findall(
+        r"resume=auto: continuing from \S+/(\S+) \(epoch (\d+), step (\d+)\)", log.read_text()
+    )
+    source = f"resumed from {resumed[-1][0]} at step {resumed[-1][2]}" if resumed else "started over"
+    return f"{killed}; files then: {', '.join(leftovers) or 'none'}; {source}; {runs} rerun(s)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", type=Path, help="keep the runs in this folder (default: a temporary one)")
+    parser.add_argument("extra", nargs="*", help="more overrides for every run")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    root = args.keep or Path(tempfile.mkdtemp(prefix="chaos-"))
+    failed = False
+    for mode in MODES if args.mode == "both" else [args.mode]:
+        reference = root / mode / "reference"
+        reference.mkdir(parents=True)
+        began = time.monotonic()
+        proc = start(command(mode, reference, args.extra), reference.with_suffix(".log"))
+        setup = started(proc, reference)
+        if proc.wait(timeout=900) != 0:
+            raise RuntimeError(f"the reference run failed: see {reference.with_suffix('.log')}")
+        training = time.monotonic() - began - setup
+        print(f"{mode}: reference run: {setup:.1f}s to its first checkpoint, then {training:.1f}s to the end")
+        same = 0
+        for i in range(1, args.trials + 1):
+            run_dir = root / mode / f"trial-{i}"
+            story = trial(mode, run_dir, args.extra, training, rng)
+            ok = identical(reference, run_dir)
+            same += ok
+            print(f"{mode}: trial {i}: {story}: {'identical' if ok else 'DIFFERENT'}", flush=True)
+        verdict = "weights identical to the uninterrupted run" if same == args.trials else "NOT all identical"
+        print(f"{mode}: {same}/{args.trials} resumed, {verdict}")
+        failed |= same != args.trials
+    print(f"runs and logs: {root}")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

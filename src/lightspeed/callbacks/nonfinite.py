@@ -1,0 +1,126 @@
+"""A NaN or infinite loss: stop at once and keep the checkpoints clean, or skip that step's update."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+
+from lightspeed.config import ConfigError
+from lightspeed.failures import TrainingFailure
+
+ADVICE = "try a lower model.optimizer.lr, trainer.gradient_clip_val=1.0, bf16-mixed instead of 16-mixed"
+
+
+class NonFiniteGuard(L.Callback):
+    """`action=stop`: every step copies its loss into a small buffer on the device (no host sync); the
+    buffer is read every `check_every_n_steps` steps, before every checkpoint is written and when
+    training ends. A non-finite loss stops the run with the step it happened at, and no
+    checkpoint holding the weights it produced is ever written. Under DDP the ranks reduce the flag,
+    so all of them stop together.
+
+    `action=skip`: before each optimizer step the gradient norm is read (one host sync per step: the
+    price of deciding in time), and a non-finite one drops the update: the gradients are cleared, so
+    the optimizer leaves the weights and its state as they were, and the buffers (BatchNorm's running
+    statistics, which the bad forward pass already updated) are put back as they were before the step.
+    Gradients are all-reduced by then, so every rank decides alike without talking. After
+    `max_consecutive_skips` skips in a row the run stops.
+    With 16-mixed, torch's GradScaler already skips such steps (and expects some), so it is left to it.
+    """
+
+    def __init__(
+        self, action: str = "stop", check_every_n_steps: int = 10, max_consecutive_skips: int = 10
+    ) -> None:
+        if action not in ("stop", "skip"):
+            raise ConfigError(f"callbacks.nonfinite.action={action!r} is invalid: use one of stop, skip")
+        self.action = action
+        self.check_every_n_steps = check_every_n_steps
+        self.max_consecutive_skips = max_consecutive_skips
+        self.skipped = 0
+        self._consecutive = 0
+        self._losses: Tensor | None = None  # stop: the losses since the last check
+        self._saved_buffers: list[Tensor] = []  # skip: the buffers as they were before this step
+
+    # --- stop ---------------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The losses since the last check, in a buffer on the device: one copy a step, no sync.
+        self._losses = torch.zeros(self.check_every_n_steps, device=pl_module.device)
+        self._steps: list[tuple[int, int]] = []  # (step, epoch) of each buffered loss
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.action != "stop" or self._losses is None:
+            return
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if not isinstance(loss, Tensor):
+            return
+        self._losses[len(self._steps)].copy_(loss.detach(), non_blocking=True)
+        self._steps.append((trainer.global_step, trainer.current_epoch))
+        if len(self._steps) == len(self._losses):
+            self._check(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
+        self._check(trainer)  # raising here keeps the file from being written
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def _check(self, trainer: L.Trainer) -> None:
+        """Read the buffered losses (one sync) and, under DDP, agree on the first bad step (a collective:
+        every rank checks at the same steps and saves)."""
+        if self._losses is None:
+            return
+        finite = torch.isfinite(self._losses[: len(self._steps)]).tolist()
+        none = (2**62, 0)
+        bad = next((at for at, ok in zip(self._steps, finite, strict=True) if not ok), none)
+        self._steps = []
+        flag = torch.tensor(bad, device=self._losses.device)
+        step, epoch = (int(v) for v in trainer.strategy.reduce(flag, reduce_op="min"))  # the first rank's
+        if step == none[0]:
+            return
+        self._losses = None  # said once
+        newest = getattr(trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
+        raise TrainingFailure(
+            f"the training loss was not finite at step {step} (epoch {epoch}): stopped; "
+            f"the newest checkpoint ({newest}) predates it; {ADVICE}, or callbacks.nonfinite.action=skip"
+        )
+
+    # --- skip ---------------------------------------------------------------------------------------
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.action == "skip" and batch_idx % trainer.accumulate_grad_batches == 0:
+            self._saved_buffers = [b.detach().clone() for b in pl_module.buffers()]
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self.action != "skip" or getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
+            self._consecutive = 0
+            return
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        with torch.no_grad():
+            for buffer, saved in zip(pl_module.buffers(), self._saved_buffers, strict=False):
+                buffer.copy_(saved)
+        self.skipped += 1
+        self._consecutive += 1
+        if self._consecutive > self.max_consecutive_skips:
+            raise TrainingFailure(
+                f"the gradients were not finite for {self._consecutive} steps in a row (up to step "
+                f"{trainer.global_step}): stopped; {ADVICE}"
+            )
+        if self.skipped <= 3 or self.skipped % 100 == 0:
+            rank_zero_warn(
+                f"non-finite gradients at step {trainer.global_step}: update skipped ({self.skipped} so far)"
+            )

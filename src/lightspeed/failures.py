@@ -1,0 +1,84 @@
+"""Failures during training, each ending the run with one line that says what happened and what to try.
+
+Exit codes: 2 a bad setting (before any work), 3 a training failure explained here (non-finite loss,
+out of memory), 128 + N preempted by signal N after saving a checkpoint (143 for SIGTERM, 138 for
+SIGUSR1: rerun the same command to continue), 1 anything unexpected (with its traceback).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+TRAINING_FAILURE_EXIT = 3
+
+
+class TrainingFailure(RuntimeError):
+    """Training cannot go on; the message says why and what to try."""
+
+
+class Preempted(BaseException):
+    """A preemption signal arrived and a checkpoint was saved: not an error, so not an Exception (user
+    code that catches Exception lets it through)."""
+
+    def __init__(self, signum: int, step: int, path: str, exit_code: int) -> None:
+        super().__init__(signum, step, path)
+        self.signum, self.step, self.path, self.exit_code = signum, step, path, exit_code
+
+
+def out_of_memory_advice(err: BaseException, cfg: Any) -> str:
+    """What ran out, the peak, and three ways to need less, with this run's numbers filled in."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(device).total_memory
+        peak = (
+            f"peak {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated, "
+            f"{torch.cuda.max_memory_reserved(device) / 2**30:.2f} GiB reserved of {total / 2**30:.1f} GiB"
+        )
+    else:  # ru_maxrss is in KiB on Linux
+        peak = f"peak process memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
+    batch = int(cfg.data.batch_size)
+    accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (
+        f"out of memory ({first_line[:120]}; {peak}): try data.batch_size={max(1, batch // 2)} "
+        f"trainer.accumulate_grad_batches={accumulate * 2} (the same effective batch), "
+        "trainer.precision=bf16-mixed (or 16-mixed), or activation checkpointing "
+        "(torch.utils.checkpoint) in the net; checkpoints already saved are intact"
+    )
+
+
+@contextmanager
+def exit_on_failure(cfg: Any) -> Iterator[None]:
+    """Around fit: each failure above becomes its line on stderr and its exit code. Preemption and
+    TrainingFailure are agreed by all ranks, so the first rank says it; an out-of-memory error is a
+    rank's own, so each rank that has one says so, naming itself."""
+    try:
+        yield
+    except Preempted as stop:
+        name = signal.Signals(stop.signum).name
+        _say(
+            f"preempted by {name}: saved {stop.path} at step {stop.step}; "
+            "rerun the same command to continue (resume=auto)"
+        )
+        raise SystemExit(stop.exit_code) from None
+    except TrainingFailure as err:
+        _say(f"error: {err}")
+        raise SystemExit(TRAINING_FAILURE_EXIT) from None
+    except torch.OutOfMemoryError as err:
+        rank = f"rank {rank_zero_only.rank}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+        print(f"error: {rank}{out_of_memory_advice(err, cfg)}", file=sys.stderr)
+        raise SystemExit(TRAINING_FAILURE_EXIT) from None
+
+
+@rank_zero_only
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
