@@ -8,10 +8,9 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightspeed import rng
+from lightspeed import ranks, rng
 
 
 class RankSeed(L.Callback):
@@ -42,12 +41,7 @@ class RankSeed(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's states (a collective: Lightning builds checkpoints on all ranks at once)."""
-        mine = rng.capture()
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return {"ranks": [mine]}
-        states: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(states, mine)
-        return {"ranks": states}
+        return {"ranks": ranks.gather(rng.capture())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightspeed import ranks
 from lightspeed.config import ConfigError
 from lightspeed.models.nets import build_net
 
@@ -42,6 +43,7 @@ class Classifier(L.LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self._logged_epoch = -1  # the last epoch whose accuracy was registered with self.log
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -51,7 +53,8 @@ class Classifier(L.LightningModule):
     # too: a run resumed after its training had finished reports them instead of none.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = {k: v.detach().cpu() for k, v in self.train_acc.metric_state.items()}
-        checkpoint["train_acc"] = {"epoch": self.current_epoch, "state": state}
+        # each rank counts its own batches: all ranks' counts, each restored to its rank
+        checkpoint["train_acc"] = {"epoch": self.current_epoch, "ranks": ranks.gather(state)}
         logged = self.trainer.callback_metrics.items()
         metrics = {k: float(v) for k, v in logged if k.startswith(("train/", "val/"))}
         if self.train_acc.update_count:  # the epoch's accuracy so far, as its end will log it
@@ -65,10 +68,16 @@ class Classifier(L.LightningModule):
 
     def on_train_start(self) -> None:  # Lightning skips on_train_epoch_start when it resumes mid-epoch
         restored, self._restored_train_acc = getattr(self, "_restored_train_acc", None), None
-        if restored is not None and restored["epoch"] == self.current_epoch:
-            for name, value in restored["state"].items():
-                setattr(self.train_acc, name, value.to(self.device))
-            self.train_acc._update_count += 1
+        if restored is None or restored["epoch"] != self.current_epoch:
+            return
+        if len(restored["ranks"]) != self.trainer.world_size:
+            rank_zero_info(
+                "the epoch's training accuracy restarts: the checkpoint has another number of ranks"
+            )
+            return
+        for name, value in restored["ranks"][self.global_rank].items():
+            setattr(self.train_acc, name, value.to(self.device))
+        self.train_acc._update_count += 1
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
@@ -76,8 +85,11 @@ class Classifier(L.LightningModule):
         loss = F.cross_entropy(logits, y)
         self.train_acc.update(logits, y)  # on the device, every step; computed once, at epoch end
         # self.log costs ~0.1-0.5 ms of Python per call: call it only when the logger will write (every
-        # trainer.log_every_n_steps; Lightning's own test of that) and on an epoch's first step.
-        if self.trainer._logger_connector.should_update_logs or batch_idx == 0:
+        # trainer.log_every_n_steps; Lightning's own test of that) and on the first step an epoch trains
+        # here (its first batch, or the first after a mid-epoch resume): the epoch's accuracy is then
+        # registered, so that Lightning logs and resets it when the epoch ends.
+        if self.trainer._logger_connector.should_update_logs or self._logged_epoch != self.current_epoch:
+            self._logged_epoch = self.current_epoch
             self.log("train/loss", loss, prog_bar=True)
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
