@@ -154,6 +154,14 @@ def test_ddp_a_rank_that_raises_ends_every_rank_within_a_minute(tmp_path: Path, 
 
 
 @pytest.mark.slow
+def test_ddp_out_of_memory_on_every_rank_exits_with_the_first_ranks_line_and_code(tmp_path: Path) -> None:
+    proc, seconds = _ddp_run(tmp_path, "+callbacks.fault.kind=oom", "+callbacks.fault.step=3")
+    assert proc.returncode == 3 and seconds < 60, (seconds, proc.stderr[-2000:])
+    assert "error: rank 0: out of memory (CUDA out of memory." in proc.stderr
+    assert "exited with code" not in proc.stderr  # no rank is blamed for what each had
+
+
+@pytest.mark.slow
 def test_ddp_a_rank_killed_outright_ends_every_rank_within_a_minute(tmp_path: Path) -> None:
     proc, seconds = _ddp_run(
         tmp_path, "+callbacks.fault.kind=exit", "+callbacks.fault.step=3", "+callbacks.fault.rank=1"
@@ -206,3 +214,53 @@ def test_ddp_a_nan_on_one_rank_is_handled_alike_on_every_rank(tmp_path: Path, ac
     else:
         assert proc.returncode == 3 and seconds < 60, proc.stderr[-3000:]
         assert proc.stderr.count("error: the training loss was not finite at step 3 (epoch 0)") == 1
+
+
+def test_slurm_requeue_asks_scontrol_for_this_job(tmp_path: Path, monkeypatch) -> None:
+    from lightspeed.callbacks.preemption import requeue_slurm_job
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert requeue_slurm_job() == 0
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert requeue_slurm_job() == 0
+    assert calls.read_text().splitlines() == ["requeue 4242", "requeue 77_3"]
+
+
+def test_no_checkpoint_with_non_finite_weights_is_ever_written(tmp_path: Path) -> None:
+    """Even when the loss stayed finite (gradients that overflowed), or nothing else checked."""
+    import lightning as L
+
+    from lightspeed.checkpoint import AtomicCheckpointIO
+    from lightspeed.failures import TrainingFailure
+
+    target = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, target)
+    with pytest.raises(TrainingFailure, match=r"not finite .*step 2.*not written"):
+        io.save_checkpoint({"state_dict": {"w": torch.tensor([1.0, math.inf])}, "global_step": 2}, target)
+    assert torch.load(target, weights_only=True)["global_step"] == 1 and not list(tmp_path.glob("*.tmp"))
+
+    guard, module = NonFiniteGuard(), torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        module.weight[0, 0] = float("nan")
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(TrainingFailure, match="weights are not finite at step 0"):
+        guard.on_save_checkpoint(trainer, module, {})
+
+
+def test_a_cpu_allocation_failure_counts_as_out_of_memory() -> None:
+    from lightspeed.failures import is_out_of_memory
+
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried"
+    )
+    assert is_out_of_memory(cpu) and is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))

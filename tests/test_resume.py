@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from lightspeed import resume
 from lightspeed.config import ConfigError
 from lightspeed.entry import compose_config
 from lightspeed.train import train
+from probes import Fault
 
 
 def _name(tmp_path: Path, *overrides: str) -> str:
@@ -28,6 +30,10 @@ def test_the_same_command_names_the_same_run_and_a_changed_setting_a_new_one(tmp
     assert _name(tmp_path, "model=mlp", "seed=1") != base
     # how the run starts is not what it trains: same folder
     assert _name(tmp_path, "model=mlp", "resume=never", "ckpt_path=x.ckpt") == base
+    # nor how it is fed, watched or saved: changing those continues the run
+    fed = ["data.num_workers=2", "logger=tensorboard", "+callbacks.model_checkpoint.every_n_train_steps=5"]
+    assert _name(tmp_path, "model=mlp", *fed, "trainer.log_every_n_steps=1") == base
+    assert _name(tmp_path, "model=mlp", "data.batch_size=32") != base
     assert _name(tmp_path, "experiment=digits_mlp").startswith("digits_mlp-")
     assert _name(tmp_path, "run_name=mine") == "mine"
 
@@ -80,18 +86,6 @@ def test_a_finished_run_rerun_trains_nothing(train_cfg) -> None:
     assert first.global_step == again.global_step == 10
 
 
-class StopAt(L.Callback):
-    """Saves a checkpoint once `step` optimizer steps are done and stops, as a crash right after would."""
-
-    def __init__(self, step: int, path: Path) -> None:
-        self.step, self.path = step, path
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
-        if trainer.global_step == self.step:
-            trainer.save_checkpoint(self.path, weights_only=False)
-            raise KeyboardInterrupt  # what Lightning turns into a graceful stop
-
-
 EXACT = [
     *TINY,
     "data=synthetic",
@@ -100,6 +94,7 @@ EXACT = [
     "data.batch_size=64",  # 480 train samples: 7 full batches and one of 32
     "++trainer.limit_train_batches=null",
     "trainer.max_epochs=3",
+    "trainer.log_every_n_steps=5",  # some resumed stretches have no logging step of their own
     "model=mlp",
     "model.net.dropout=0.3",  # dropout and random crops/flips: the RNG matters
     "trainer.deterministic=true",
@@ -107,22 +102,43 @@ EXACT = [
 ]
 
 
-@pytest.mark.parametrize("step", [3, 8, 11])  # mid-epoch, at the end of epoch 0, mid-epoch 1
+def _logged(run: Path) -> dict[tuple[str, str], str]:
+    """Every value the CSV logger wrote, by (step, metric), as text: equal text, equal bits."""
+    rows = list(csv.DictReader(run.open()))
+    return {(r["step"], k): v for r in rows for k, v in r.items() if k.startswith(("train/", "val/")) and v}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Tensor]]]:
+    """One uninterrupted run per loader, shared by the resume cases."""
+    runs = {}
+    for loader in ("data.on_device=true", "data.num_workers=1"):
+        out = tmp_path_factory.mktemp("whole")
+        cfg = compose_config("train", [*EXACT, loader, f"paths.output_dir={out}"], out / "logs")
+        weights = {k: v.clone() for k, v in train(cfg).model.state_dict().items()}
+        runs[loader] = (out / "csv" / "version_0" / "metrics.csv", weights)
+    return runs
+
+
+# steps 3 and 11: mid-epoch; 8: an epoch's last batch (saved after its validation); 19: mid final epoch
+@pytest.mark.parametrize("step", [3, 8, 11, 19])
 @pytest.mark.parametrize("loader", ["data.on_device=true", "data.num_workers=1"])
-def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
-    train_cfg, tmp_path: Path, step: int, loader: str
+def test_a_preempted_and_resumed_run_is_bit_identical_to_an_uninterrupted_one(
+    train_cfg, tmp_path: Path, uninterrupted, step: int, loader: str
 ) -> None:
-    whole = train(train_cfg(*EXACT, loader, f"paths.output_dir={tmp_path / 'whole'}"))
-    ckpt = tmp_path / "stop.ckpt"
+    """Weights, and every metric logged from the resume on, step by step."""
+    whole_csv, whole_weights = uninterrupted[loader]
+    cut = [*EXACT, loader, f"paths.output_dir={tmp_path / 'cut'}"]
     with pytest.raises(SystemExit):
-        train(train_cfg(*EXACT, loader, f"paths.output_dir={tmp_path / 'cut'}"), [StopAt(step, ckpt)])
-    resumed = train(
-        train_cfg(*EXACT, loader, f"paths.output_dir={tmp_path / 'resumed'}", f"ckpt_path={ckpt}")
-    )
-    assert resumed.trainer.global_step == whole.trainer.global_step == 24
-    for key, value in whole.model.state_dict().items():
+        train(train_cfg(*cut), [Fault("sigterm", step=step - 1)])  # saved once step `step` is done
+    resumed = train(train_cfg(*cut))  # the same command again
+    assert resumed.trainer.global_step == 24
+    for key, value in whole_weights.items():
         assert torch.equal(value, resumed.model.state_dict()[key]), key
-    assert resumed.metrics == whole.metrics
+    after = _logged(tmp_path / "cut" / "csv" / "version_1" / "metrics.csv")  # the resumed attempt's log
+    whole = _logged(whole_csv)
+    assert after and all(whole[key] == value for key, value in after.items())
+    assert {key for key in whole if int(key[0]) >= step} <= set(after)  # nothing it should log is missing
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lightspeed.config import ConfigError
+from lightspeed.failures import TrainingFailure
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -27,6 +28,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if "://" in str(path) or storage_options is not None:  # remote (fsspec) paths: Lightning's writer
             super().save_checkpoint(checkpoint, path, storage_options)
             return
+        _refuse_non_finite(checkpoint, path)
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
@@ -39,6 +41,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             tmp.unlink(missing_ok=True)
         _fsync_dir(target.parent)
+
+
+def _refuse_non_finite(checkpoint: dict[str, Any], path: Any) -> None:
+    """The last line of defence (callbacks.nonfinite stops runs earlier): never write NaN or inf weights
+    over a good checkpoint, whatever saved them."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in (checkpoint.get("state_dict") or {}).values():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            by_device.setdefault(tensor.device, []).append(torch.isfinite(tensor).all())
+    if not all(bool(torch.stack(flags).all()) for flags in by_device.values()):
+        raise TrainingFailure(
+            f"the weights to be saved in {path} are not finite (step {checkpoint.get('global_step')}): "
+            "not written, the previous checkpoint is intact; try a lower model.optimizer.lr or "
+            "trainer.gradient_clip_val=1.0"
+        )
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -2,12 +2,12 @@
 
 Exit codes: 2 a bad setting (before any work), 3 a training failure explained here (non-finite loss,
 out of memory), 128 + N preempted by signal N after saving a checkpoint (143 for SIGTERM, 138 for
-SIGUSR1: rerun the same command to continue), 1 anything unexpected (with its traceback).
+SIGUSR1: rerun the same command to continue), 1 anything unexpected (with its traceback). Under
+trainer=ddp these are the first rank's codes.
 """
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 import sys
@@ -15,23 +15,30 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import lightning as L
 import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 
 TRAINING_FAILURE_EXIT = 3
 
 
 class TrainingFailure(RuntimeError):
-    """Training cannot go on; the message says why and what to try."""
+    """Training cannot go on; the message says why and what to try. `agreed`: every rank raises it at
+    the same point (it comes from a reduced check), so every rank exits by itself."""
+
+    def __init__(self, message: str, agreed: bool = False) -> None:
+        super().__init__(message)
+        self.agreed = agreed
 
 
 class Preempted(BaseException):
     """A preemption signal arrived and a checkpoint was saved: not an error, so not an Exception (user
     code that catches Exception lets it through)."""
 
-    def __init__(self, signum: int, step: int, path: str, exit_code: int) -> None:
+    def __init__(self, signum: int, step: int, path: str) -> None:
         super().__init__(signum, step, path)
-        self.signum, self.step, self.path, self.exit_code = signum, step, path, exit_code
+        self.signum, self.step, self.path = signum, step, path
 
 
 def out_of_memory_advice(err: BaseException, cfg: Any) -> str:
@@ -56,11 +63,31 @@ def out_of_memory_advice(err: BaseException, cfg: Any) -> str:
     )
 
 
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch's OutOfMemoryError (CUDA, MPS), or the CPU allocator's, which is a plain RuntimeError."""
+    return isinstance(err, torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(err)
+    )
+
+
+def launched_by_lightning(trainer: L.Trainer) -> bool:
+    """A rank other than the first that Lightning's own launcher started (trainer=ddp on one machine).
+    Lightning SIGKILLs the first rank as soon as such a rank exits non-zero, so for outcomes that all
+    ranks agree on they exit 0 and leave the run's exit code to the first rank."""
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    return (
+        trainer.global_rank != 0
+        and isinstance(env, LightningEnvironment)
+        and trainer.strategy.launcher is not None
+    )
+
+
 @contextmanager
-def exit_on_failure(cfg: Any) -> Iterator[None]:
-    """Around fit: each failure above becomes its line on stderr and its exit code. Preemption and
-    TrainingFailure are agreed by all ranks, so the first rank says it; an out-of-memory error is a
-    rank's own, so each rank that has one says so, naming itself."""
+def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
+    """Around fit and test: each failure above becomes its line on stderr and its exit code.
+    Preemption and TrainingFailure are agreed by all ranks, so the first rank says it; an out-of-memory
+    error is a rank's own, so each rank that has one says so, naming itself under DDP."""
+    agreed = 0 if launched_by_lightning(trainer) else None
     try:
         yield
     except Preempted as stop:
@@ -69,12 +96,14 @@ def exit_on_failure(cfg: Any) -> Iterator[None]:
             f"preempted by {name}: saved {stop.path} at step {stop.step}; "
             "rerun the same command to continue (resume=auto)"
         )
-        raise SystemExit(stop.exit_code) from None
+        raise SystemExit(128 + stop.signum if agreed is None else agreed) from None
     except TrainingFailure as err:
         _say(f"error: {err}")
-        raise SystemExit(TRAINING_FAILURE_EXIT) from None
-    except torch.OutOfMemoryError as err:
-        rank = f"rank {rank_zero_only.rank}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+        raise SystemExit(TRAINING_FAILURE_EXIT if agreed is None else agreed) from None
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err):
+            raise
+        rank = f"rank {trainer.global_rank}: " if trainer.world_size > 1 else ""
         print(f"error: {rank}{out_of_memory_advice(err, cfg)}", file=sys.stderr)
         raise SystemExit(TRAINING_FAILURE_EXIT) from None
 

@@ -21,8 +21,36 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.config import ConfigError
 
-#: Keys that say where a run lives or how it starts, not what it trains: left out of the identity.
-NOT_IDENTITY = ("hydra", "paths", "run_name", "resume", "ckpt_path")
+#: Keys that say where a run lives, how it starts, or how it is watched and fed, not what it computes:
+#: left out of the identity, so that changing them continues the same run. (Loader settings change
+#: speed, not batches: both loaders serve the same order.)
+NOT_IDENTITY = (
+    "hydra",
+    "paths",
+    "run_name",
+    "resume",
+    "ckpt_path",
+    "test_after_fit",
+    "optimized_metric",
+    "logger",
+    "data.num_workers",
+    "data.pin_memory",
+    "data.persistent_workers",
+    "data.prefetch_factor",
+    "data.non_blocking",
+    "data.on_device",
+    "trainer.log_every_n_steps",
+    "trainer.num_sanity_val_steps",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "callbacks.rich_progress_bar",
+    "callbacks.model_summary",
+    "callbacks.speed_report",
+    "callbacks.lr_monitor",
+    "callbacks.preemption",
+    "callbacks.nonfinite.check_every_n_steps",
+    "callbacks.model_checkpoint.every_n_train_steps",
+)
 
 
 def run_id(*, _root_: DictConfig) -> str:
@@ -37,7 +65,12 @@ def run_id(*, _root_: DictConfig) -> str:
     choices = OmegaConf.select(hydra_cfg, "runtime.choices", default=None) or {} if hydra_cfg else {}
     assert isinstance(config, dict)
     for key in NOT_IDENTITY:
-        config.pop(key, None)
+        *parents, last = key.split(".")
+        node = config
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
     digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
     experiment = choices.get("experiment")
     name = experiment if experiment else "-".join(str(choices[g]) for g in ("data", "model") if g in choices)
@@ -55,9 +88,9 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
     return Path(str(folder)) if folder else Path(str(cfg.paths.output_dir)) / "checkpoints"
 
 
-def inspect(path: Path) -> dict[str, Any] | None:
+def inspect(path: Path, warn: bool = True) -> dict[str, Any] | None:
     """The checkpoint's loop position and latest metrics if it loads as plain data, else None (with one
-    warning line)."""
+    warning line, unless `warn` is false)."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return {
@@ -67,7 +100,8 @@ def inspect(path: Path) -> dict[str, Any] | None:
         }
     except (pickle.UnpicklingError, EOFError, RuntimeError, KeyError, OSError, ValueError) as err:
         reason = "holds Python objects" if isinstance(err, pickle.UnpicklingError) else type(err).__name__
-        rank_zero_warn(f"resume=auto: skipping {path}: not a loadable checkpoint ({reason})")
+        if warn:
+            rank_zero_warn(f"resume=auto: skipping {path}: not a loadable checkpoint ({reason})")
         return None
 
 
@@ -92,6 +126,7 @@ def resolve(cfg: DictConfig) -> str | None:
     folder = checkpoint_dir(cfg)
     found = latest(folder)
     if found is None:
+        _point_at_siblings(folder)
         return None
     path, info = found
     if mode == "never":
@@ -102,3 +137,21 @@ def resolve(cfg: DictConfig) -> str | None:
         )
     rank_zero_info(f"resume=auto: continuing from {path} (epoch {info['epoch']}, step {info['global_step']})")
     return str(path)
+
+
+def _point_at_siblings(folder: Path) -> None:
+    """A new run: if runs of the same experiment with other settings have checkpoints, say how to
+    continue the newest of them instead (a changed batch size, say, starts a new run)."""
+    run = folder.parent
+    prefix = run.name.rsplit("-", 1)[0]
+    siblings = [
+        p / "checkpoints" / "last.ckpt"
+        for p in run.parent.glob(f"{prefix}-*")
+        if p != run and (p / "checkpoints" / "last.ckpt").is_file()
+    ]
+    if siblings:
+        newest = max(siblings, key=lambda p: p.stat().st_mtime)
+        rank_zero_info(
+            f"a new run ({run.name}): its settings differ from earlier runs'; to continue the newest of "
+            f"them under these settings instead: ckpt_path={newest}"
+        )

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from lightspeed import accel, build, checkpoint, resume, summary
 from lightspeed.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.entry import hydra_entry
-from lightspeed.failures import TrainingFailure, exit_on_failure
+from lightspeed.failures import TrainingFailure, exit_on_failure, is_out_of_memory
 from lightspeed.noise import silence_known_noise
 
 
@@ -55,11 +55,12 @@ def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
     """
     try:
         yield
-    except TrainingFailure:
-        raise  # the ranks agreed on it: each exits by itself, the first one with its line
-    except (Exception, KeyboardInterrupt):
-        procs = getattr(trainer.strategy.launcher, "procs", None)
-        if not procs:
+    except (Exception, KeyboardInterrupt) as err:
+        procs = getattr(trainer.strategy.launcher, "procs", None)  # the ranks it started, if any
+        if not procs or getattr(err, "agreed", False):  # agreed: each rank exits by itself
+            raise
+        if isinstance(err, (ConfigError, TrainingFailure)) or is_out_of_memory(err):  # ours, explained
+            trainer.strategy.launcher.kill(signal.SIGKILL)
             raise
         deadline = time.monotonic() + 2.0  # a peer's death reaches us before its exit status does
         while not any(p.poll() for p in procs) and time.monotonic() < deadline:
@@ -101,7 +102,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         trainer = build.trainer(cfg, extra_callbacks)
         accel.report_idle(idle, accel.device_type(cfg))
         ckpt_path = resume.resolve(cfg)
-        start_info = resume.inspect(Path(ckpt_path)) if ckpt_path is not None else None
+        # quiet: an explicit ckpt_path that does not load gets its one-line error from the load itself
+        start_info = resume.inspect(Path(ckpt_path), warn=False) if ckpt_path is not None else None
     config = build.plain_config(cfg)
     for logger in trainer.loggers:
         logger.log_hyperparams(config)
@@ -110,7 +112,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
     # weights_only: a checkpoint can only hold plain data; loading it never runs code
     with (
         exit_on_config_error(),
-        exit_on_failure(cfg),
+        exit_on_failure(cfg, trainer),
         stop_other_ranks_on_failure(trainer),
         checkpoint.loading(ckpt_path),
     ):
@@ -131,7 +133,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
     tested = cfg.get("test_after_fit", True)
     if tested:
         # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.
-        with exit_on_failure(cfg), stop_other_ranks_on_failure(trainer):
+        with exit_on_failure(cfg, trainer), stop_other_ranks_on_failure(trainer):
             results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
         metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
 

@@ -65,7 +65,16 @@ class NonFiniteGuard(L.Callback):
             self._check(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
-        self._check(trainer)  # raising here keeps the file from being written
+        """Raising here keeps the file from being written: no checkpoint holds non-finite weights, even
+        when the loss stayed finite (gradients that overflowed)."""
+        self._check(trainer)
+        params = [p.detach() for p in pl_module.parameters()]
+        if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+            raise TrainingFailure(
+                f"the weights are not finite at step {trainer.global_step} (overflowing gradients?): "
+                f"not saved, stopped; {ADVICE}",
+                agreed=True,  # DDP ranks hold the same weights
+            )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
@@ -87,7 +96,8 @@ class NonFiniteGuard(L.Callback):
         newest = getattr(trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
         raise TrainingFailure(
             f"the training loss was not finite at step {step} (epoch {epoch}): stopped; "
-            f"the newest checkpoint ({newest}) predates it; {ADVICE}, or callbacks.nonfinite.action=skip"
+            f"the newest checkpoint ({newest}) predates it; {ADVICE}, or callbacks.nonfinite.action=skip",
+            agreed=True,  # every rank reduced the same flag
         )
 
     # --- skip ---------------------------------------------------------------------------------------
@@ -118,7 +128,8 @@ class NonFiniteGuard(L.Callback):
         if self._consecutive > self.max_consecutive_skips:
             raise TrainingFailure(
                 f"the gradients were not finite for {self._consecutive} steps in a row (up to step "
-                f"{trainer.global_step}): stopped; {ADVICE}"
+                f"{trainer.global_step}): stopped; {ADVICE}",
+                agreed=True,  # all-reduced gradients: every rank counts alike
             )
         if self.skipped <= 3 or self.skipped % 100 == 0:
             rank_zero_warn(

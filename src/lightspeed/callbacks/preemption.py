@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,8 +13,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightspeed.callbacks.stock import validation_follows
 from lightspeed.failures import Preempted
 
 
@@ -26,7 +30,11 @@ class Preemption(L.Callback):
     agree with one small all-reduce, so that they all save the same step and stop together. Then the
     checkpoint goes to `<checkpoint dir>/last.ckpt` (written atomically) and the run exits with
     128 + the signal's number (143 for SIGTERM). The longest wait is one step (one process) or
-    `check_every_n_steps` steps (DDP), plus the save.
+    `check_every_n_steps` steps (DDP), plus the save; at an epoch's last batch, the epoch's validation
+    and one more step too (a checkpoint taken before that validation would make the resumed run skip
+    it, and one taken at the next epoch's start is not one Lightning 2.6 resumes from correctly).
+    Under SLURM with auto-requeue (Lightning's default there), the first rank then requeues the job, as
+    Lightning's own SIGUSR1 handler (which this one replaces) would.
     """
 
     def __init__(
@@ -37,6 +45,7 @@ class Preemption(L.Callback):
         self.received: int = 0
         self._previous: dict[int, Any] = {}
         self._step_at_start = 0
+        self._agreed = 0  # a signal the ranks agreed on at an epoch's last batch: stop at the next step
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         self.received = self.received or signum
@@ -63,14 +72,30 @@ class Preemption(L.Callback):
         step = trainer.global_step
         if step == self._step_at_start:
             return  # accumulating gradients: only whole optimizer steps are saved
-        received = self.received
-        if trainer.world_size > 1:
-            if step % self.check_every_n_steps:
-                return
-            flag = torch.tensor(received, device=trainer.strategy.root_device)
-            received = int(trainer.strategy.reduce(flag, reduce_op="max"))
+        received = self._agreed
+        if not received:
+            received = self.received
+            if trainer.world_size > 1:
+                if step % self.check_every_n_steps:
+                    return
+                flag = torch.tensor(received, device=trainer.strategy.root_device)
+                received = int(trainer.strategy.reduce(flag, reduce_op="max"))
         if not received:
             return
+        if validation_follows(trainer):
+            # Saved now, the checkpoint would precede this epoch's validation, and a run resumed from it
+            # would skip that validation (Lightning 2.6): stop after the next step instead.
+            self._agreed = received
+            return
+        self._save_and_stop(trainer, received)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._agreed:  # that was the last epoch's last step: what is left is testing
+            self._save_and_stop(trainer, self._agreed)
+
+    def _save_and_stop(self, trainer: L.Trainer, received: int) -> None:
+        self._agreed = 0
+        step = trainer.global_step
         path = str(_checkpoint_dir(trainer) / "last.ckpt")
         callback = trainer.checkpoint_callback
         if callback is not None and hasattr(callback, "last_model_path"):
@@ -78,7 +103,23 @@ class Preemption(L.Callback):
             # writing last-v1.ckpt beside it
             callback.last_model_path = path
         trainer.save_checkpoint(path, weights_only=False)  # on every rank: their random states are gathered
-        raise Preempted(received, step, path, exit_code=_exit_code(trainer, received))
+        env = getattr(trainer.strategy, "cluster_environment", None)
+        if trainer.is_global_zero and isinstance(env, SLURMEnvironment) and env.auto_requeue:
+            requeue_slurm_job()  # what Lightning's own SIGUSR1 handler, replaced by this one, would do
+        raise Preempted(received, step, path)
+
+
+def requeue_slurm_job() -> int:
+    """`scontrol requeue <job>`: SLURM puts the job back in the queue, and it reruns the same command.
+    (`sbatch --requeue` alone does not: it concerns node failures, not a job that exits.)"""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
+    code = subprocess.call(["scontrol", "requeue", job])
+    if code == 0:
+        rank_zero_info(f"requeued SLURM job {job}")
+    else:
+        rank_zero_warn(f"scontrol requeue {job} failed (exit {code}): resubmit the job to continue")
+    return code
 
 
 def _checkpoint_dir(trainer: L.Trainer) -> Path:
@@ -86,12 +127,3 @@ def _checkpoint_dir(trainer: L.Trainer) -> Path:
     callback = trainer.checkpoint_callback
     folder = getattr(callback, "dirpath", None)
     return Path(folder) if folder else Path(trainer.default_root_dir) / "checkpoints"
-
-
-def _exit_code(trainer: L.Trainer, signum: int) -> int:
-    """128 + the signal, as a shell reports a process that a signal ended. Ranks that Lightning started
-    itself exit 0: Lightning's launcher SIGKILLs the first rank when another exits non-zero, and the
-    first rank's code is the run's."""
-    env = getattr(trainer.strategy, "cluster_environment", None)
-    launched_by_lightning = isinstance(env, LightningEnvironment) and trainer.strategy.launcher is not None
-    return 0 if trainer.global_rank != 0 and launched_by_lightning else 128 + signum

@@ -42,7 +42,7 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
         if self._every_n_train_steps < 1 and self._train_time_interval is None:
             return
         steps = self._every_n_train_steps
-        if steps >= 1 and trainer.global_step % steps == 0 and _validation_follows(trainer):
+        if steps >= 1 and trainer.global_step % steps == 0 and validation_follows(trainer):
             self._save_after_validation = True
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -77,7 +77,7 @@ class EarlyStopping(_StateKeyOnce, _EarlyStopping):
             trainer.should_stop = True
 
 
-def _validation_follows(trainer: L.Trainer) -> bool:
+def validation_follows(trainer: L.Trainer) -> bool:
     """This is the epoch's last batch and a validation runs right after it."""
     if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or not trainer.enable_validation:
         return False
