@@ -61,7 +61,7 @@ class NonFiniteGuard(L.Callback):
             return
         self._losses[len(self._steps)].copy_(loss.detach(), non_blocking=True)
         self._steps.append((trainer.global_step, trainer.current_epoch))
-        if len(self._steps) == len(self._losses):
+        if len(self._steps) == self.check_every_n_steps:
             self._check(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
@@ -82,12 +82,15 @@ class NonFiniteGuard(L.Callback):
     def _check(self, trainer: L.Trainer) -> None:
         """Read the buffered losses (one sync) and, under DDP, agree on the first bad step (a collective:
         every rank checks at the same steps and saves)."""
-        if self._losses is None:
+        if self._losses is None or (not self._steps and trainer.world_size == 1):
             return
-        finite = torch.isfinite(self._losses[: len(self._steps)]).tolist()
+        steps, self._steps = self._steps, []
+        window = self._losses[: len(steps)]
+        if trainer.world_size == 1 and bool(torch.isfinite(window).all()):
+            return  # the common case: one kernel, one sync
+        finite = torch.isfinite(window).tolist()
         none = (2**62, 0)
-        bad = next((at for at, ok in zip(self._steps, finite, strict=True) if not ok), none)
-        self._steps = []
+        bad = next((at for at, ok in zip(steps, finite, strict=True) if not ok), none)
         flag = torch.tensor(bad, device=self._losses.device)
         step, epoch = (int(v) for v in trainer.strategy.reduce(flag, reduce_op="min"))  # the first rank's
         if step == none[0]:
