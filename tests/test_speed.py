@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import TINY
 from lightspeed.callbacks.speed import SPEED_FILE
@@ -201,3 +202,24 @@ def test_model_checkpoint_skips_per_step_checks_and_still_saves_every_n_train_st
     )
     saved = sorted(p.name for p in Path(result.trainer.checkpoint_callback.dirpath).glob("step*.ckpt"))
     assert saved == ["step2.ckpt", "step4.ckpt"]
+
+
+@pytest.mark.parametrize(
+    "target", ["lightspeed.callbacks.ModelCheckpoint", "lightning.pytorch.callbacks.ModelCheckpoint"]
+)
+def test_last_checkpoint_follows_every_epoch_even_without_a_new_best(
+    train_cfg, run_dir: Path, target: str
+) -> None:
+    """Lightning 2.6 writes last.ckpt only with a new best, so a run that stops improving would resume
+    from an old epoch. mode=max on a falling val/loss: the first epoch stays the best."""
+    cfg = train_cfg(
+        *TINY,
+        "trainer.max_epochs=4",
+        "test_after_fit=false",
+        "callbacks.early_stopping=null",
+        "callbacks.model_checkpoint.mode=max",
+        f"callbacks.model_checkpoint._target_={target}",
+    )
+    train(cfg)
+    step = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert (step == 20) == target.startswith("lightspeed"), step  # Lightning's own keeps an older one

@@ -32,6 +32,10 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
     follows it. Lightning 2.6 saves it before that validation and then skips the epoch-end save (same
     step): the last epoch's validation never reaches a checkpoint, the saved metrics are the previous
     epoch's, and a run resumed from that file skips the validation altogether.
+
+    With `save_last`, `last.ckpt` is written at every epoch end (as `every_n_epochs` says), not only when
+    a new best is saved as in Lightning 2.6: otherwise a run that stops improving keeps an old
+    last.ckpt, and a resumed or rerun run goes back to it and trains those epochs again.
     """
 
     _save_after_validation = False
@@ -55,6 +59,19 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
                 candidates = self._monitor_candidates(trainer)
                 self._save_topk_checkpoint(trainer, candidates)
                 self._save_last_checkpoint(trainer, candidates)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last_at_epoch_end(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_at_epoch_end(trainer)
+
+    def _save_last_at_epoch_end(self, trainer: L.Trainer) -> None:
+        every = self._every_n_epochs
+        due = every >= 1 and (trainer.current_epoch + 1) % every == 0
+        if self.save_last and due and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A resumed run does not save its starting step again: that checkpoint is the one it resumed from.
