@@ -55,7 +55,8 @@ class Preemption(L.Callback):
         Lightning puts back the handlers from before fit when it tears down."""
         if threading.current_thread() is not threading.main_thread():
             return
-        self.received = 0
+        # a SIGTERM during set-up or the sanity check reached Lightning's handler: honour it here
+        self.received = signal.SIGTERM if trainer.received_sigterm else 0
         for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._record)
 
