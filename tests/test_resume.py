@@ -160,3 +160,18 @@ def test_chaos_one_kill_and_resume_per_mode_is_bit_identical(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "single: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
     assert "ddp_cpu: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
+
+
+def test_a_last_checkpoint_behind_the_one_resumed_from_is_brought_up_to_date(
+    train_cfg, run_dir: Path
+) -> None:
+    """A run killed between writing its best and its last checkpoint of the same step."""
+    first = _tiny_run(train_cfg)
+    folder = run_dir / "checkpoints"
+    best = Path(first.checkpoint_callback.best_model_path)
+    stale = torch.load(folder / "last.ckpt", weights_only=True)
+    stale["global_step"] = 7  # as if last.ckpt were still from an earlier step
+    torch.save(stale, folder / "last.ckpt")
+    assert resume.resolve(train_cfg(*TINY)) == str(best)  # the furthest one, copied over last.ckpt
+    assert (folder / "last.ckpt").read_bytes() == best.read_bytes()
+    assert _tiny_run(train_cfg).global_step == 10  # and nothing left to train

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.config import ConfigError
@@ -136,6 +138,7 @@ def resolve(cfg: DictConfig) -> str | None:
             "that run, or run_name=<new name> for a new one"
         )
     rank_zero_info(f"resume=auto: continuing from {path} (epoch {info['epoch']}, step {info['global_step']})")
+    _bring_last_up_to_date(path, info)
     return str(path)
 
 
@@ -155,3 +158,18 @@ def _point_at_siblings(folder: Path) -> None:
             f"a new run ({run.name}): its settings differ from earlier runs'; to continue the newest of "
             f"them under these settings instead: ckpt_path={newest}"
         )
+
+
+@rank_zero_only
+def _bring_last_up_to_date(path: Path, info: dict[str, Any]) -> None:
+    """A run killed between writing its best and its last checkpoint of a step resumes from the best
+    one; last.ckpt, which users and `eval` take for the newest state, is made a copy of it (written
+    atomically), or a run that has nothing left to train would leave it behind for good."""
+    last = path.with_name("last.ckpt")
+    if path == last or not last.is_file():
+        return
+    behind = inspect(last, warn=False)
+    if behind is None or behind["global_step"] < info["global_step"]:
+        tmp = last.with_name(last.name + ".tmp")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, last)

@@ -52,17 +52,23 @@ class Classifier(L.LightningModule):
     # reports the accuracy over all its batches, as an uninterrupted one does. The latest metrics travel
     # too: a run resumed after its training had finished reports them instead of none.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = {k: v.detach().cpu() for k, v in self.train_acc.metric_state.items()}
-        # each rank counts its own batches: all ranks' counts, each restored to its rank
-        checkpoint["train_acc"] = {"epoch": self.current_epoch, "ranks": ranks.gather(state)}
+        pending = getattr(self, "_restored_train_acc", None)
+        if pending is not None:  # saved right after a restore, before on_train_start applied it
+            checkpoint["train_acc"] = pending
+        else:
+            state = {k: v.detach().cpu() for k, v in self.train_acc.metric_state.items()}
+            # each rank counts its own batches: all ranks' counts, each restored to its rank
+            checkpoint["train_acc"] = {"epoch": self.current_epoch, "ranks": ranks.gather(state)}
         logged = self.trainer.callback_metrics.items()
-        metrics = {k: float(v) for k, v in logged if k.startswith(("train/", "val/"))}
+        metrics = dict(getattr(self, "_restored_metrics", {}))  # the latest known, until measured again
+        metrics.update({k: float(v) for k, v in logged if k.startswith(("train/", "val/"))})
         if self.train_acc.update_count:  # the epoch's accuracy so far, as its end will log it
             metrics["train/acc"] = float(self.train_acc.compute())
         checkpoint["metrics"] = metrics
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._restored_train_acc = checkpoint.get("train_acc")
+        self._restored_metrics = dict(checkpoint.get("metrics", {}))
         schedules = checkpoint.get("lr_schedulers") or [{}]
         self._restored_schedule_steps = schedules[0].get("total_steps", schedules[0].get("T_max"))
 
