@@ -122,14 +122,20 @@ def latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
 
 def resolve(cfg: DictConfig) -> str | None:
     """The checkpoint this run starts from: `ckpt_path` if given, else what `resume` finds."""
+    return start(cfg)[0]
+
+
+def start(cfg: DictConfig) -> tuple[str | None, dict[str, Any] | None]:
+    """`resolve`, with the checkpoint's position and metrics as read while choosing it (None for an
+    explicit `ckpt_path` that does not load: its load gives the one-line error)."""
     if cfg.get("ckpt_path"):
-        return str(cfg.ckpt_path)
+        return str(cfg.ckpt_path), inspect(Path(str(cfg.ckpt_path)), warn=False)
     mode = cfg.get("resume", "auto")
     folder = checkpoint_dir(cfg)
     found = latest(folder)
     if found is None:
         _point_at_siblings(folder)
-        return None
+        return None, None
     path, info = found
     if mode == "never":
         raise ConfigError(
@@ -139,7 +145,7 @@ def resolve(cfg: DictConfig) -> str | None:
         )
     rank_zero_info(f"resume=auto: continuing from {path} (epoch {info['epoch']}, step {info['global_step']})")
     _bring_last_up_to_date(path, info)
-    return str(path)
+    return str(path), info
 
 
 def _point_at_siblings(folder: Path) -> None:

@@ -101,9 +101,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         accel.apply_to_model(cfg, model, dm)
         trainer = build.trainer(cfg, extra_callbacks)
         accel.report_idle(idle, accel.device_type(cfg))
-        ckpt_path = resume.resolve(cfg)
-        # quiet: an explicit ckpt_path that does not load gets its one-line error from the load itself
-        start_info = resume.inspect(Path(ckpt_path), warn=False) if ckpt_path is not None else None
+        ckpt_path, start_info = resume.start(cfg)
     config = build.plain_config(cfg)
     for logger in trainer.loggers:
         logger.log_hyperparams(config)
