@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
+from lightspeed import hooks
 from lightspeed.callbacks import RankSeed
 from lightspeed.checkpoint import AtomicCheckpointIO
 from lightspeed.config import ConfigError
@@ -39,9 +40,11 @@ def datamodule(cfg: DictConfig) -> ArrayDataModule:
 
 def model(cfg: DictConfig, dm: ArrayDataModule) -> L.LightningModule:
     # What only the data knows (classes, input shape) is passed at run time, never via globals.
-    return instantiate(
+    module = instantiate(
         cfg.model, num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
     )
+    hooks.skip_empty(module, L.LightningModule, hooks.TRAINING)
+    return module
 
 
 def _group(cfg: DictConfig | None) -> list[Any]:
@@ -72,6 +75,8 @@ def callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
 def trainer(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:
     loggers_ = loggers(cfg)
     callbacks_ = [*callbacks(cfg, bool(loggers_)), *extra_callbacks]
+    for callback in callbacks_:
+        hooks.skip_empty(callback, Callback)
     return instantiate(
         cfg.trainer,
         callbacks=callbacks_,

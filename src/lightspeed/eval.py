@@ -7,11 +7,12 @@ import csv
 import json
 from pathlib import Path
 
+import lightning as L
 import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from lightspeed import accel, build, checkpoint, summary
+from lightspeed import accel, build, checkpoint, hooks, summary
 from lightspeed.config import ConfigError, exit_on_config_error, validate_common
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.entry import hydra_entry
@@ -58,6 +59,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         # the model to whatever device this run uses. weights_only: loading never executes code.
         with checkpoint.loading(ckpt):
             model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
+        hooks.skip_empty(model, L.LightningModule, hooks.TRAINING)
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
         accel.apply_to_model(cfg, model, dm)
