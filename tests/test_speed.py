@@ -228,3 +228,48 @@ def test_last_checkpoint_follows_every_epoch_even_without_a_new_best(
     train(cfg)
     step = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert (step == 20) == target.startswith("lightspeed"), step  # Lightning's own keeps an older one
+
+
+def test_empty_per_batch_hooks_are_not_called_and_implemented_ones_are(train_cfg, run_dir: Path) -> None:
+    """Lightning profiles every hook call, done or not: the profiler's own record shows which ran."""
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    class Counter(LearningRateMonitor):  # overrides on_train_batch_start; inherits on_before_backward
+        def on_before_zero_grad(self, *args: object) -> None:
+            self.zero_grads = getattr(self, "zero_grads", 0) + 1
+
+    cfg = train_cfg(*TINY, "test_after_fit=false", "+trainer.profiler=simple")
+    counter = Counter(logging_interval="step")
+    result = train(cfg, [counter])
+    steps = result.trainer.global_step
+    calls = {
+        k.replace(Counter.__qualname__, "Counter"): len(v)
+        for k, v in result.trainer.profiler.recorded_durations.items()
+    }
+    assert counter.zero_grads == steps and calls["[Callback]Counter.on_before_zero_grad"] == steps
+    assert calls["[Callback]Counter.on_train_batch_start"] == steps  # LearningRateMonitor's own
+    assert calls["[Callback]NonFiniteGuard.on_train_batch_end"] == steps
+    assert calls["[Callback]NonFiniteGuard.on_before_optimizer_step"] == steps
+    for hook in ("on_before_backward", "on_after_backward"):
+        assert not any(k.endswith(f".{hook}") for k in calls), hook  # no callback or module does one
+    assert not any(k.startswith("[LightningModule]") and "on_train_batch" in k for k in calls)
+    assert not any(k.startswith("[Callback]") and "on_validation_batch" in k for k in calls)
+    assert calls["[LightningModule]Classifier.on_validation_batch_end"] > 0  # Lightning reads its signature
+    assert counter.on_before_backward is None and counter.on_train_batch_start is not None
+
+
+def test_skip_empty_leaves_overridden_and_instance_hooks_alone() -> None:
+    import lightning as L
+
+    from lightspeed import hooks
+
+    class Mine(L.Callback):
+        def on_after_backward(self, *args: object) -> None: ...
+
+    cb = Mine()
+    own = lambda *args: None  # noqa: E731
+    cb.on_train_batch_end = own
+    skipped = hooks.skip_empty(cb, L.Callback)
+    assert "on_after_backward" not in skipped and cb.on_after_backward is not None
+    assert "on_train_batch_end" not in skipped and cb.on_train_batch_end is own
+    assert "on_before_backward" in skipped and cb.on_before_backward is None
