@@ -85,3 +85,20 @@ def test_unknown_optimizer_or_schedule_is_a_config_error() -> None:
     )
     with pytest.raises(ConfigError, match=r"^model\.optimizer\.name='Adamm'"):
         model.configure_optimizers()
+
+
+def test_accuracy_matches_torchmetrics_and_sums_batches() -> None:
+    from torchmetrics.classification import MulticlassAccuracy
+
+    from lightspeed.models.metrics import Accuracy
+
+    gen = torch.Generator().manual_seed(0)
+    ours, theirs = Accuracy(), MulticlassAccuracy(7, average="micro")
+    for size in (5, 64, 33):
+        logits, target = torch.randn(size, 7, generator=gen), torch.randint(0, 7, (size,), generator=gen)
+        ours.update(logits, target)
+        theirs.update(logits, target)
+    assert int(ours.total) == 102
+    assert torch.allclose(ours.compute(), theirs.compute())
+    ours.reset()
+    assert float(ours.compute()) == 0.0 and int(ours.total) == 0
