@@ -16,9 +16,9 @@ ADVICE = "try a lower model.optimizer.lr, trainer.gradient_clip_val=1.0, bf16-mi
 
 
 class NonFiniteGuard(L.Callback):
-    """`action=stop`: every step copies its loss into a small buffer on the device (no host sync); the
-    buffer is read every `check_every_n_steps` steps, before every checkpoint is written and when
-    training ends. A non-finite loss stops the run with the step it happened at, and no
+    """`action=stop`: every step keeps a reference to its loss (no kernel, no host sync); the kept
+    losses are read, in one sync, every `check_every_n_steps` steps, before every checkpoint is written
+    and when training ends. A non-finite loss stops the run with the step it happened at, and no
     checkpoint holding the weights it produced is ever written. Under DDP the ranks reduce the flag,
     so all of them stop together.
 
@@ -41,15 +41,14 @@ class NonFiniteGuard(L.Callback):
         self.max_consecutive_skips = max_consecutive_skips
         self.skipped = 0
         self._consecutive = 0
-        self._losses: Tensor | None = None  # stop: the losses since the last check
+        self._losses: list[Tensor] | None = None  # stop: the losses since the last check
+        self._steps: list[tuple[int, int]] = []  # (step, epoch) of each kept loss
         self._saved_buffers: list[Tensor] = []  # skip: the buffers as they were before this step
 
     # --- stop ---------------------------------------------------------------------------------------
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The losses since the last check, in a buffer on the device: one copy a step, no sync.
-        self._losses = torch.zeros(self.check_every_n_steps, device=pl_module.device)
-        self._steps: list[tuple[int, int]] = []  # (step, epoch) of each buffered loss
+        self._losses, self._steps = [], []
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -59,7 +58,9 @@ class NonFiniteGuard(L.Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if not isinstance(loss, Tensor):
             return
-        self._losses[len(self._steps)].copy_(loss.detach(), non_blocking=True)
+        # Lightning's outputs hold a detached clone of the loss, made for every step anyway: keeping
+        # a reference costs nothing on the device (copying it into a buffer was a kernel a step).
+        self._losses.append(loss.detach())
         self._steps.append((trainer.global_step, trainer.current_epoch))
         if len(self._steps) == self.check_every_n_steps:
             self._check(trainer)
@@ -85,13 +86,15 @@ class NonFiniteGuard(L.Callback):
         if self._losses is None or (not self._steps and trainer.world_size == 1):
             return
         steps, self._steps = self._steps, []
-        window = self._losses[: len(steps)]
+        losses, self._losses = self._losses, []
+        device = trainer.strategy.root_device
+        window = torch.stack(losses).float() if losses else torch.zeros(0, device=device)
         if trainer.world_size == 1 and bool(torch.isfinite(window).all()):
-            return  # the common case: one kernel, one sync
+            return  # the common case: two kernels, one sync
         finite = torch.isfinite(window).tolist()
         none = (2**62, 0)
         bad = next((at for at, ok in zip(steps, finite, strict=True) if not ok), none)
-        flag = torch.tensor(bad, device=self._losses.device)
+        flag = torch.tensor(bad, device=device)
         step, epoch = (int(v) for v in trainer.strategy.reduce(flag, reduce_op="min"))  # the first rank's
         if step == none[0]:
             return
