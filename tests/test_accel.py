@@ -150,7 +150,8 @@ def test_unknown_compile_backend_is_a_config_error(train_cfg) -> None:
         ("fused", {"fused": True}),
         ("foreach", {"foreach": True}),
         ("loop", {"foreach": False}),
-        ("auto", {"fused": None, "foreach": None}),
+        ("torch", {"fused": None, "foreach": None}),
+        ("auto", {"fused": True}),  # on the CPU
     ],
 )
 def test_optimizer_impl_reaches_the_optimizer(train_cfg, impl: str, flags: dict) -> None:
@@ -214,6 +215,19 @@ def test_max_preset_trains_on_cpu_with_device_resident_data(train_cfg) -> None:
     assert type(result.trainer.train_dataloader).__name__ == "DeviceLoader"
     assert result.trainer.optimizers[0].defaults["fused"] is True
     assert all(s["input_channels_last"] and s["weight_channels_last"] for s in probe.steps)
+
+
+def test_auto_optimizer_impl_is_fused_only_on_the_cpu_and_only_where_torch_has_it(train_cfg) -> None:
+    cfg = train_cfg("trainer.accelerator=cpu")
+    assert accel.resolve(cfg) == [] and cfg.model.optimizer.fused is True
+    cfg = train_cfg("trainer.accelerator=cpu", "model.optimizer.name=RMSprop")  # no fused kernel: no note
+    assert accel.resolve(cfg) == [] and "fused" not in cfg.model.optimizer
+    cfg = train_cfg("trainer.accelerator=cpu", "accel=off")
+    assert accel.resolve(cfg) == [] and not {"fused", "foreach"} & set(cfg.model.optimizer)
+    with mock.patch.object(accel, "device_type", return_value="cuda"):
+        cfg = train_cfg("trainer.precision=32-true", "trainer.benchmark=false")
+        accel.resolve(cfg)
+    assert not {"fused", "foreach"} & set(cfg.model.optimizer)  # torch's choice
 
 
 def test_fused_optimizer_with_clipping_under_mixed_precision_falls_back_to_foreach(train_cfg) -> None:
