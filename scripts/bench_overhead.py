@@ -1,12 +1,16 @@
 """What the training framework costs per step: a hand-written PyTorch loop against Lightspeed.
 
     python scripts/bench_overhead.py [--steps 300] [--warmup 50] [--repeats 5] [--models small,wide]
+                                     [--variants 1,6]
 
-The same model, data (DataLoader over in-memory tensors, batch 64, shuffled) and number of steps, in
-one process, alternating, median of --repeats. Only steady-state steps are timed (from the end of
+The same model, optimizer (AdamW with the kernels Lightspeed's accel preset picks on this device: fused
+on a CPU), data (DataLoader over in-memory tensors, batch 64, shuffled) and number of steps, in one
+process, alternating, median of --repeats; a second hand-loop row keeps torch's default kernels. Only steady-state steps are timed (from the end of
 step --warmup to the end of the last step); setup (building the Trainer, the first batches) is
 reported apart. The Lightning rows add one feature at a time on top of the bare Trainer, ending with
 Lightspeed as `make train` runs it (metrics, logging, progress bar, speed report, checkpointing).
+Each row's difference from the bare Trainer is also given paired: taken within each repeat, whose runs
+follow each other, then the median over repeats (this VM's speed drifts by +-15% over seconds).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from lightspeed import accel
+from lightspeed.data import SyntheticDataModule
 from lightspeed.entry import compose_config
 from lightspeed.models.classifier import Classifier
 from lightspeed.noise import silence_known_noise
@@ -72,9 +78,11 @@ class MetricClassifier(Classifier):
         return F.cross_entropy(logits, y)
 
 
-def hand_loop(model: torch.nn.Module, loader: DataLoader, steps: int, warmup: int) -> tuple[float, float]:
+def hand_loop(
+    model: torch.nn.Module, loader: DataLoader, steps: int, warmup: int, **opt_kwargs: Any
+) -> tuple[float, float]:
     created = time.perf_counter()
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, **opt_kwargs)
     done, start, setup = 0, 0.0, 0.0
     while done < steps:
         for x, y in loader:
@@ -143,6 +151,30 @@ VARIANTS: list[tuple[str, type[Classifier], list[str]]] = [
 ]
 
 
+def hand_inputs(hidden: list[int], steps: int) -> tuple[torch.nn.Module, DataLoader]:
+    """The same net and data the Lightning runs get: the MLP and the DataModule's train split."""
+    dm = SyntheticDataModule(
+        num_samples=64 * steps * 2, shape=[64], batch_size=64, val_fraction=0.01, test_fraction=0.01
+    )
+    dm.setup()
+    loader = DataLoader(dm.splits["train"], batch_size=64, shuffle=True)
+    net = Classifier(
+        {"name": "mlp", "hidden": hidden, "dropout": 0.0},
+        {"name": "AdamW", "lr": 2e-3},
+        {"name": "none"},
+        10,
+        [64],
+    ).net
+    return net, loader
+
+
+def optimizer_kernels(logs: Path) -> dict[str, Any]:
+    """The kernel choice (fused, foreach) that Lightspeed's accel preset makes here, for the hand loop."""
+    cfg = compose_config("train", ["model=mlp"], logs)
+    accel.resolve(cfg)
+    return {k: v for k, v in cfg.model.optimizer.items() if k in ("fused", "foreach")}
+
+
 def lightning_run(
     cls: type[Classifier], overrides: list[str], hidden: list[int], steps: int, warmup: int, logs: Path
 ) -> tuple[float, float]:
@@ -186,6 +218,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--models", default="small,wide")
+    parser.add_argument(
+        "--variants",
+        help="comma-separated row numbers to run (1 = bare Trainer ... 6 = Lightspeed default); default all",
+    )
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args()
     if args.threads:
@@ -195,36 +231,28 @@ def main() -> None:
 
     logging.getLogger("lightning").setLevel(logging.WARNING)
     torch.manual_seed(0)
+    variants = VARIANTS
+    if args.variants:
+        variants = [VARIANTS[int(i) - 1] for i in args.variants.split(",")]
+        if variants[0] is not VARIANTS[0]:
+            variants.insert(0, VARIANTS[0])  # every row is compared with the bare Trainer
     for model_name in args.models.split(","):
         hidden = MODELS[model_name]
-        times: dict[str, list[float]] = {"hand-written loop": []}
-        setups: dict[str, list[float]] = {"hand-written loop": []}
+        times: dict[str, list[float]] = {}
+        setups: dict[str, list[float]] = {}
         with tempfile.TemporaryDirectory() as tmp:
+            kernels = optimizer_kernels(Path(tmp) / "compose")
+            hand_rows = {"hand-written loop": kernels}  # the optimizer kernels Lightspeed picks here
+            if kernels:
+                hand_rows["hand-written loop, torch's default optimizer kernels"] = {}
             for repeat in range(args.repeats):
-                # the hand loop gets the same data the Lightning runs get: the DataModule's train split
-                from lightspeed.data import SyntheticDataModule
-
-                dm = SyntheticDataModule(
-                    num_samples=64 * args.steps * 2,
-                    shape=[64],
-                    batch_size=64,
-                    val_fraction=0.01,
-                    test_fraction=0.01,
-                    num_workers=0,
-                )
-                dm.setup()
-                loader = DataLoader(dm.splits["train"], batch_size=64, shuffle=True)
-                net = Classifier(
-                    {"name": "mlp", "hidden": hidden, "dropout": 0.0},
-                    {"name": "AdamW", "lr": 2e-3},
-                    {"name": "none"},
-                    10,
-                    [64],
-                ).net
-                per_step, setup = hand_loop(net, loader, args.steps, args.warmup)
-                times["hand-written loop"].append(per_step)
-                setups["hand-written loop"].append(setup)
-                for label, cls, overrides in VARIANTS:
+                for label, opt_kwargs in hand_rows.items():
+                    per_step, setup = hand_loop(
+                        *hand_inputs(hidden, args.steps), args.steps, args.warmup, **opt_kwargs
+                    )
+                    times.setdefault(label, []).append(per_step)
+                    setups.setdefault(label, []).append(setup)
+                for label, cls, overrides in variants:
                     per_step, setup = lightning_run(
                         cls,
                         overrides,
@@ -239,6 +267,8 @@ def main() -> None:
 
 
 def report(model_name: str, hidden: list[int], times: dict, setups: dict, args: argparse.Namespace) -> None:
+    """Medians per row, and each row's difference from the bare Trainer taken within each repeat (the
+    runs of one repeat follow each other, so a slow spell of the machine shifts them alike)."""
     med = {k: statistics.median(v) for k, v in times.items()}
     hand, bare = med["hand-written loop"], med["bare Trainer"]
     print(
@@ -247,13 +277,16 @@ def report(model_name: str, hidden: list[int], times: dict, setups: dict, args: 
         f"torch {torch.__version__}, lightning {L.__version__}, {torch.get_num_threads()} threads\n"
     )
     print(
-        "| run | ms/step | overhead vs hand loop (us/step) | vs bare Trainer (us/step) "
-        "| throughput vs hand loop | setup (s) |"
+        "| run | ms/step | vs hand loop (us/step) | vs bare Trainer (us/step) | vs bare, paired (us/step) "
+        "| vs bare, paired | throughput vs hand loop | setup (s) |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, t in med.items():
+        paired = [a - b for a, b in zip(times[label], times["bare Trainer"], strict=True)]
+        ratios = [a / b - 1 for a, b in zip(times[label], times["bare Trainer"], strict=True)]
         print(
             f"| {label} | {t * 1e3:.3f} | {(t - hand) * 1e6:+.0f} | {(t - bare) * 1e6:+.0f} "
+            f"| {statistics.median(paired) * 1e6:+.0f} | {statistics.median(ratios):+.1%} "
             f"| {hand / t:.2f}x | {statistics.median(setups[label]):.2f} |"
         )
 
