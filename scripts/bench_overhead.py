@@ -5,12 +5,13 @@
 
 The same model, optimizer (AdamW with the kernels Lightspeed's accel preset picks on this device: fused
 on a CPU), data (DataLoader over in-memory tensors, batch 64, shuffled) and number of steps, in one
-process, alternating, median of --repeats; a second hand-loop row keeps torch's default kernels. Only steady-state steps are timed (from the end of
-step --warmup to the end of the last step); setup (building the Trainer, the first batches) is
-reported apart. The Lightning rows add one feature at a time on top of the bare Trainer, ending with
-Lightspeed as `make train` runs it (metrics, logging, progress bar, speed report, checkpointing).
-Each row's difference from the bare Trainer is also given paired: taken within each repeat, whose runs
-follow each other, then the median over repeats (this VM's speed drifts by +-15% over seconds).
+process, alternating, median of --repeats; a second hand-loop row keeps torch's default kernels.
+Only steady-state steps are timed (from the end of step --warmup to the end of the last step); setup
+(building the Trainer, the first batches) is reported apart. The Lightning rows add one feature at a
+time on top of the bare Trainer, ending with Lightspeed as `make train` runs it (metrics, logging,
+progress bar, speed report, checkpointing). Each row's difference from the bare Trainer is also given
+paired: taken within each repeat, whose runs follow each other, then the median over repeats (this VM's
+speed drifts by +-15% over seconds).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,28 @@ def test_bench_refuses_unknown_configs_and_no_timed_steps(tmp_path: Path) -> Non
 def test_make_bench_passes_overrides_and_options() -> None:
     line = make_dry_run("bench", "data=synthetic", "ARGS=--steps 20 --configs off,max")
     assert line.endswith("-m lightspeed.bench 'data=synthetic' --steps 20 --configs off,max"), line
+
+
+def test_hotpath_bench_times_each_piece_old_against_new(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_hotpath.py"), "--repeats", "1", "--calls", "3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [
+        line.split("|")[1:-1]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ") and "us)" not in line
+    ]
+    assert len(rows) == 5
+    assert all(float(old) > 0 and float(new) > 0 for _, old, new, _ in rows)
+    removed = re.search(r"inherited empty: (\d+) calls a step", proc.stdout)
+    assert removed and int(removed[1]) > 20  # most of the default callbacks' per-batch hooks are empty

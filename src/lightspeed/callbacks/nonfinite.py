@@ -44,6 +44,14 @@ class NonFiniteGuard(L.Callback):
         self._losses: list[Tensor] | None = None  # stop: the losses since the last check
         self._steps: list[tuple[int, int]] = []  # (step, epoch) of each kept loss
         self._saved_buffers: list[Tensor] = []  # skip: the buffers as they were before this step
+        # The hooks the other action needs are not called at all (Lightning skips a hook set to None).
+        unused = (
+            ("on_train_batch_start", "on_before_optimizer_step")
+            if action == "stop"
+            else ("on_train_batch_end",)
+        )
+        for hook in unused:
+            setattr(self, hook, None)
 
     # --- stop ---------------------------------------------------------------------------------------
 
@@ -53,7 +61,7 @@ class NonFiniteGuard(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.action != "stop" or self._losses is None:
+        if self._losses is None:
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if not isinstance(loss, Tensor):
@@ -111,13 +119,13 @@ class NonFiniteGuard(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.action == "skip" and batch_idx % trainer.accumulate_grad_batches == 0:
+        if batch_idx % trainer.accumulate_grad_batches == 0:
             self._saved_buffers = [b.detach().clone() for b in pl_module.buffers()]
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if self.action != "skip" or getattr(trainer.precision_plugin, "scaler", None) is not None:
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):

@@ -30,8 +30,8 @@ class Accuracy(Metric):
         self.add_state("total", torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, logits: Tensor, target: Tensor) -> None:
-        self.correct += (logits.argmax(dim=-1) == target).sum()
-        self.total += target.numel()
+        self.correct.add_((logits.argmax(dim=-1) == target).sum())  # in place: no Metric.__setattr__
+        self.total.add_(target.numel())
 
     def compute(self) -> Tensor:
         return self.correct / self.total.clamp(min=1)

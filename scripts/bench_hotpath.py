@@ -1,0 +1,163 @@
+"""What each piece of Lightspeed's per-step work costs, old way against new, on this machine.
+
+    python scripts/bench_hotpath.py [--repeats 15] [--calls 400]
+
+Whole-run timings on a shared 2-core VM drift by +-15% within seconds, more than a feature costs, so
+here each piece is timed on its own: the old and the new version of it alternate in short blocks
+(--calls each), and the median per call over --repeats blocks is reported. The pieces:
+
+- the training accuracy update: torchmetrics' MulticlassAccuracy (micro) against Lightspeed's
+  two-counter Accuracy, on the small MLP's logits (batch 64, 10 classes);
+- the non-finite loss watch: copying each loss into an on-device buffer against keeping a reference;
+- the optimizer step of the small and wide MLPs: AdamW with torch's default kernels on the CPU (one
+  parameter at a time) against fused;
+- Lightning's dispatch of the per-batch callback hooks with the default callbacks: every hook of every
+  callback (Lightning's own way) against only the ones that do something (`lightspeed.hooks`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.trainer import call
+from torchmetrics.classification import MulticlassAccuracy
+
+from lightspeed import hooks
+from lightspeed.entry import compose_config
+from lightspeed.models.metrics import Accuracy
+from lightspeed.models.nets import build_net
+from lightspeed.noise import silence_known_noise
+
+
+def per_call(fn: Callable[[], object], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def compare(
+    name: str, old: Callable[[], object], new: Callable[[], object], args: argparse.Namespace
+) -> None:
+    for fn in (old, new):  # warm up
+        per_call(fn, 20)
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    for _ in range(args.repeats):
+        times["old"].append(per_call(old, args.calls))
+        times["new"].append(per_call(new, args.calls))
+    o, n = (statistics.median(times[k]) * 1e6 for k in ("old", "new"))
+    print(f"| {name} | {o:.1f} | {n:.1f} | {o - n:+.1f} |")
+
+
+def optimizer_step(hidden: list[int], **kernels: bool) -> Callable[[], None]:
+    net = build_net({"name": "mlp", "hidden": hidden, "dropout": 0.0}, [64], 10)
+    F.cross_entropy(net(torch.randn(64, 64)), torch.randint(0, 10, (64,))).backward()
+    opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=5e-4, **kernels)
+    return opt.step
+
+
+def empty_hook_calls() -> dict[str, int]:
+    """Per training hook, how many of the default callbacks inherit it empty."""
+    from lightspeed import build
+
+    cfg = compose_config("train", [], Path(tempfile.gettempdir()) / "lightspeed-bench")
+    defaults = build.callbacks(cfg, has_logger=True)
+    return {
+        h: sum(hooks.skip_empty(copy.copy(cb), Callback, (h,)) == [h] for cb in defaults)
+        for h in hooks.TRAINING
+    }
+
+
+def hook_dispatch(empty: dict[str, int], prune: bool) -> Callable[[], None]:
+    """Lightning's six per-batch training hooks dispatched as with the default callbacks, counting only
+    the calls that `lightspeed.hooks` removes (hooks a default callback inherits empty): the old way
+    makes them, the new way does not. The hooks that do work are called either way and left out."""
+    trainer = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.strategy._lightning_module = _Module()  # Lightning sets the hook's name on the module
+    per_hook = {h: [] if prune else [Callback() for _ in range(n)] for h, n in empty.items()}
+    loss, opt = torch.zeros(()), torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    args = {
+        "on_train_batch_start": (None, 0),
+        "on_before_backward": (loss,),
+        "on_after_backward": (),
+        "on_before_optimizer_step": (opt,),
+        "on_before_zero_grad": (opt,),
+        "on_train_batch_end": (None, None, 0),
+    }
+
+    def step() -> None:
+        for hook, callbacks in per_hook.items():
+            trainer.callbacks = callbacks
+            call._call_callback_hooks(trainer, hook, *args[hook])
+
+    return step
+
+
+class _Module(torch.nn.Module):
+    _current_fx_name: str | None = None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=400)
+    args = parser.parse_args()
+    silence_known_noise()
+    logging.getLogger("lightning").setLevel(logging.WARNING)
+    torch.manual_seed(0)
+    logits, target = torch.randn(64, 10), torch.randint(0, 10, (64,))
+    theirs, ours = MulticlassAccuracy(10, average="micro", validate_args=False), Accuracy()
+    buffer, kept = torch.zeros(50), []
+    loss = torch.tensor(2.3)
+
+    def copy_loss() -> None:
+        buffer[len(kept) % 50].copy_(loss.detach(), non_blocking=True)
+
+    def keep_loss() -> None:
+        kept.append(loss.detach())
+        if len(kept) == 50:
+            kept.clear()
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median us per call\n")
+    print("| piece | old (us) | new (us) | saved (us/step) |")
+    print("|---|---:|---:|---:|")
+    compare(
+        "accuracy update (MulticlassAccuracy -> Accuracy)",
+        lambda: theirs.update(logits, target),
+        lambda: ours.update(logits, target),
+        args,
+    )
+    compare("non-finite watch (buffer copy -> reference)", copy_loss, keep_loss, args)
+    compare(
+        "AdamW step, small MLP (torch default -> fused)",
+        optimizer_step([256, 256]),
+        optimizer_step([256, 256], fused=True),
+        args,
+    )
+    compare(
+        "AdamW step, wide MLP (torch default -> fused)",
+        optimizer_step([1024, 1024]),
+        optimizer_step([1024, 1024], fused=True),
+        args,
+    )
+    empty = empty_hook_calls()
+    compare(
+        f"callback hooks inherited empty: {sum(empty.values())} calls a step (Lightning's way -> none)",
+        hook_dispatch(empty, prune=False),
+        hook_dispatch(empty, prune=True),
+        args,
+    )
+
+
+if __name__ == "__main__":
+    main()
