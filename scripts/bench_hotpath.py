@@ -1,6 +1,6 @@
 """What each piece of Lightspeed's per-step work costs, old way against new, on this machine.
 
-    python scripts/bench_hotpath.py [--repeats 15] [--calls 400]
+    python scripts/bench_hotpath.py [--repeats 15] [--calls 400] [--device cpu|cuda]
 
 Whole-run timings on a shared 2-core VM drift by +-15% within seconds, more than a feature costs, so
 here each piece is timed on its own: the old and the new version of it alternate in short blocks
@@ -9,8 +9,8 @@ here each piece is timed on its own: the old and the new version of it alternate
 - the training accuracy update: torchmetrics' MulticlassAccuracy (micro) against Lightspeed's
   two-counter Accuracy, on the small MLP's logits (batch 64, 10 classes);
 - the non-finite loss watch: copying each loss into an on-device buffer against keeping a reference;
-- the optimizer step of the small and wide MLPs: AdamW with torch's default kernels on the CPU (one
-  parameter at a time) against fused;
+- the optimizer step of the small and wide MLPs: AdamW with torch's default kernels (on the CPU one
+  parameter at a time, on CUDA foreach) against fused: on a GPU this decides `accel.optimizer_impl=auto`;
 - Lightning's dispatch of the per-batch callback hooks with the default callbacks: every hook of every
   callback (Lightning's own way) against only the ones that do something (`lightspeed.hooks`).
 """
@@ -39,29 +39,35 @@ from lightspeed.models.nets import build_net
 from lightspeed.noise import silence_known_noise
 
 
-def per_call(fn: Callable[[], object], calls: int) -> float:
+def per_call(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    """Seconds per call; on a GPU the queued kernels are waited for at the end of the block."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    synchronize()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
+    synchronize()
     return (time.perf_counter() - start) / calls
 
 
 def compare(
     name: str, old: Callable[[], object], new: Callable[[], object], args: argparse.Namespace
 ) -> None:
+    device = torch.device(args.device)
     for fn in (old, new):  # warm up
-        per_call(fn, 20)
+        per_call(fn, 20, device)
     times: dict[str, list[float]] = {"old": [], "new": []}
     for _ in range(args.repeats):
-        times["old"].append(per_call(old, args.calls))
-        times["new"].append(per_call(new, args.calls))
+        times["old"].append(per_call(old, args.calls, device))
+        times["new"].append(per_call(new, args.calls, device))
     o, n = (statistics.median(times[k]) * 1e6 for k in ("old", "new"))
     print(f"| {name} | {o:.1f} | {n:.1f} | {o - n:+.1f} |")
 
 
-def optimizer_step(hidden: list[int], **kernels: bool) -> Callable[[], None]:
-    net = build_net({"name": "mlp", "hidden": hidden, "dropout": 0.0}, [64], 10)
-    F.cross_entropy(net(torch.randn(64, 64)), torch.randint(0, 10, (64,))).backward()
+def optimizer_step(hidden: list[int], device: torch.device, **kernels: bool) -> Callable[[], None]:
+    net = build_net({"name": "mlp", "hidden": hidden, "dropout": 0.0}, [64], 10).to(device)
+    x, y = torch.randn(64, 64, device=device), torch.randint(0, 10, (64,), device=device)
+    F.cross_entropy(net(x), y).backward()
     opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=5e-4, **kernels)
     return opt.step
 
@@ -111,14 +117,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--device", default="cpu", help="where the tensors live: cpu or cuda")
     args = parser.parse_args()
+    device = torch.device(args.device)
     silence_known_noise()
-    logging.getLogger("lightning").setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # Lightning sets INFO on it
     torch.manual_seed(0)
-    logits, target = torch.randn(64, 10), torch.randint(0, 10, (64,))
-    theirs, ours = MulticlassAccuracy(10, average="micro", validate_args=False), Accuracy()
-    buffer, kept = torch.zeros(50), []
-    loss = torch.tensor(2.3)
+    logits, target = torch.randn(64, 10, device=device), torch.randint(0, 10, (64,), device=device)
+    theirs = MulticlassAccuracy(10, average="micro", validate_args=False).to(device)
+    ours = Accuracy().to(device)
+    buffer, kept = torch.zeros(50, device=device), []
+    loss = torch.tensor(2.3, device=device)
 
     def copy_loss() -> None:
         buffer[len(kept) % 50].copy_(loss.detach(), non_blocking=True)
@@ -128,7 +137,10 @@ def main() -> None:
         if len(kept) == 50:
             kept.clear()
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median us per call\n")
+    where = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    )
+    print(f"torch {torch.__version__}, {args.device} ({where}); median us per call\n")
     print("| piece | old (us) | new (us) | saved (us/step) |")
     print("|---|---:|---:|---:|")
     compare(
@@ -140,14 +152,14 @@ def main() -> None:
     compare("non-finite watch (buffer copy -> reference)", copy_loss, keep_loss, args)
     compare(
         "AdamW step, small MLP (torch default -> fused)",
-        optimizer_step([256, 256]),
-        optimizer_step([256, 256], fused=True),
+        optimizer_step([256, 256], device),
+        optimizer_step([256, 256], device, fused=True),
         args,
     )
     compare(
         "AdamW step, wide MLP (torch default -> fused)",
-        optimizer_step([1024, 1024]),
-        optimizer_step([1024, 1024], fused=True),
+        optimizer_step([1024, 1024], device),
+        optimizer_step([1024, 1024], device, fused=True),
         args,
     )
     empty = empty_hook_calls()

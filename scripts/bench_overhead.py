@@ -3,9 +3,10 @@
     python scripts/bench_overhead.py [--steps 300] [--warmup 50] [--repeats 5] [--models small,wide]
                                      [--variants 1,6]
 
-The same model, optimizer (AdamW with the kernels Lightspeed's accel preset picks on this device: fused
-on a CPU), data (DataLoader over in-memory tensors, batch 64, shuffled) and number of steps, in one
-process, alternating, median of --repeats; a second hand-loop row keeps torch's default kernels.
+On the CPU, whatever the machine has. The same model, optimizer (AdamW with the kernels Lightspeed's
+accel preset picks on the CPU: fused), data (DataLoader over in-memory tensors, batch 64, shuffled)
+and number of steps, in one process, alternating, median of --repeats; a second hand-loop row keeps
+torch's default kernels.
 Only steady-state steps are timed (from the end of step --warmup to the end of the last step); setup
 (building the Trainer, the first batches) is reported apart. The Lightning rows add one feature at a
 time on top of the bare Trainer, ending with Lightspeed as `make train` runs it (metrics, logging,
@@ -171,7 +172,7 @@ def hand_inputs(hidden: list[int], steps: int) -> tuple[torch.nn.Module, DataLoa
 
 def optimizer_kernels(logs: Path) -> dict[str, Any]:
     """The kernel choice (fused, foreach) that Lightspeed's accel preset makes here, for the hand loop."""
-    cfg = compose_config("train", ["model=mlp"], logs)
+    cfg = compose_config("train", ["model=mlp", "trainer.accelerator=cpu"], logs)
     accel.resolve(cfg)
     return {k: v for k, v in cfg.model.optimizer.items() if k in ("fused", "foreach")}
 
@@ -182,6 +183,7 @@ def lightning_run(
     cfg = compose_config(
         "train",
         [
+            "trainer.accelerator=cpu",  # the hand loop runs on the CPU too, whatever the machine has
             "data=synthetic",
             "data.shape=[64]",
             f"data.num_samples={64 * steps * 2}",
@@ -230,7 +232,7 @@ def main() -> None:
     silence_known_noise()
     import logging
 
-    logging.getLogger("lightning").setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # Lightning sets INFO on it
     torch.manual_seed(0)
     variants = VARIANTS
     if args.variants:

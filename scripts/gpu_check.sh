@@ -33,6 +33,7 @@ step train_gpu "$PY" -m lightspeed.train trainer=gpu paths.log_dir=/tmp/gpu_logs
 step train_max "$PY" -m lightspeed.train trainer=gpu accel=max paths.log_dir=/tmp/gpu_logs
 step eval_gpu "$PY" -m lightspeed.eval trainer=gpu paths.log_dir=/tmp/gpu_logs
 step bench_data "$PY" scripts/bench_data.py --device cuda
+step bench_hotpath "$PY" scripts/bench_hotpath.py --device cuda   # fused vs foreach AdamW: decides optimizer_impl=auto
 step bench "$PY" -m lightspeed.bench --steps 300 --warmup 50 --out /tmp/gpu_bench data=synthetic model=resnet \
   data.num_samples=50000 data.batch_size=512
 cp /tmp/gpu_bench/bench.md /tmp/gpu_bench/bench.png "$OUT/" 2>/dev/null
