@@ -8,6 +8,8 @@ here each piece is timed on its own: the old and the new version of it alternate
 
 - the training accuracy update: torchmetrics' MulticlassAccuracy (micro) against Lightspeed's
   two-counter Accuracy, on the small MLP's logits (batch 64, 10 classes);
+- fetching a training batch of 64 from in-memory arrays: torch's per-sample fetch and collate against
+  one indexing operation (`WholeBatches`);
 - the non-finite loss watch: copying each loss into an on-device buffer against keeping a reference;
 - the optimizer step of the small and wide MLPs: AdamW with torch's default kernels (on the CPU one
   parameter at a time, on CUDA foreach) against fused: on a GPU this decides `accel.optimizer_impl=auto`;
@@ -30,9 +32,11 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.trainer import call
+from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightspeed import hooks
+from lightspeed.data.device_loader import EpochOrder, WholeBatches, whole_batch
 from lightspeed.entry import compose_config
 from lightspeed.models.metrics import Accuracy
 from lightspeed.models.nets import build_net
@@ -109,6 +113,30 @@ def hook_dispatch(empty: dict[str, int], prune: bool) -> Callable[[], None]:
     return step
 
 
+def next_batch(whole: bool) -> Callable[[], object]:
+    """The next batch of 64 from a DataLoader over the small MLP's data (64 features), epoch after epoch."""
+    gen = torch.Generator().manual_seed(0)
+    split = TensorDataset(
+        torch.randn(50_000, 64, generator=gen), torch.randint(0, 10, (50_000,), generator=gen)
+    )
+    order = EpochOrder(len(split), shuffle=True, seed=0)
+    if whole:
+        loader = DataLoader(WholeBatches(split), batch_size=64, sampler=order, collate_fn=whole_batch)
+    else:
+        loader = DataLoader(split, batch_size=64, sampler=order)
+    batches = iter(loader)
+
+    def step() -> object:
+        nonlocal batches
+        try:
+            return next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            return next(batches)
+
+    return step
+
+
 class _Module(torch.nn.Module):
     _current_fx_name: str | None = None
 
@@ -148,6 +176,9 @@ def main() -> None:
         lambda: theirs.update(logits, target),
         lambda: ours.update(logits, target),
         args,
+    )
+    compare(
+        "training batch fetch (per sample + collate -> one index)", next_batch(False), next_batch(True), args
     )
     compare("non-finite watch (buffer copy -> reference)", copy_loss, keep_loss, args)
     compare(

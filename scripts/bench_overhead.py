@@ -4,9 +4,10 @@
                                      [--variants 1,6]
 
 On the CPU, whatever the machine has. The same model, optimizer (AdamW with the kernels Lightspeed's
-accel preset picks on the CPU: fused), data (DataLoader over in-memory tensors, batch 64, shuffled)
-and number of steps, in one process, alternating, median of --repeats; a second hand-loop row keeps
-torch's default kernels.
+accel preset picks on the CPU: fused), data (a DataLoader over in-memory tensors, batch 64, shuffled,
+each batch fetched whole as Lightspeed's loader does) and number of steps, in one process,
+alternating, median of --repeats; a second hand-loop row is plain torch (torch's default AdamW
+kernels, a per-sample fetch and collate).
 Only steady-state steps are timed (from the end of step --warmup to the end of the last step); setup
 (building the Trainer, the first batches) is reported apart. The Lightning rows add one feature at a
 time on top of the bare Trainer, ending with Lightspeed as `make train` runs it (metrics, logging,
@@ -33,6 +34,7 @@ from torch.utils.data import DataLoader
 
 from lightspeed import accel
 from lightspeed.data import SyntheticDataModule
+from lightspeed.data.device_loader import WholeBatches, whole_batch
 from lightspeed.entry import compose_config
 from lightspeed.models.classifier import Classifier
 from lightspeed.noise import silence_known_noise
@@ -153,13 +155,18 @@ VARIANTS: list[tuple[str, type[Classifier], list[str]]] = [
 ]
 
 
-def hand_inputs(hidden: list[int], steps: int) -> tuple[torch.nn.Module, DataLoader]:
+def hand_inputs(hidden: list[int], steps: int, whole: bool) -> tuple[torch.nn.Module, DataLoader]:
     """The same net and data the Lightning runs get: the MLP and the DataModule's train split."""
     dm = SyntheticDataModule(
         num_samples=64 * steps * 2, shape=[64], batch_size=64, val_fraction=0.01, test_fraction=0.01
     )
     dm.setup()
-    loader = DataLoader(dm.splits["train"], batch_size=64, shuffle=True)
+    if whole:  # as Lightspeed's training loader fetches: one indexing operation a batch
+        loader = DataLoader(
+            WholeBatches(dm.splits["train"]), batch_size=64, shuffle=True, collate_fn=whole_batch
+        )
+    else:
+        loader = DataLoader(dm.splits["train"], batch_size=64, shuffle=True)
     net = Classifier(
         {"name": "mlp", "hidden": hidden, "dropout": 0.0},
         {"name": "AdamW", "lr": 2e-3},
@@ -245,13 +252,15 @@ def main() -> None:
         setups: dict[str, list[float]] = {}
         with tempfile.TemporaryDirectory() as tmp:
             kernels = optimizer_kernels(Path(tmp) / "compose")
-            hand_rows = {"hand-written loop": kernels}  # the optimizer kernels Lightspeed picks here
-            if kernels:
-                hand_rows["hand-written loop, torch's default optimizer kernels"] = {}
+            # the first with Lightspeed's optimizer kernels and batch fetch: the framework alone differs
+            hand_rows = {
+                "hand-written loop": (kernels, True),
+                "hand-written loop, plain torch (default AdamW kernels, per-sample fetch)": ({}, False),
+            }
             for repeat in range(args.repeats):
-                for label, opt_kwargs in hand_rows.items():
+                for label, (opt_kwargs, whole) in hand_rows.items():
                     per_step, setup = hand_loop(
-                        *hand_inputs(hidden, args.steps), args.steps, args.warmup, **opt_kwargs
+                        *hand_inputs(hidden, args.steps, whole), args.steps, args.warmup, **opt_kwargs
                     )
                     times.setdefault(label, []).append(per_step)
                     setups.setdefault(label, []).append(setup)

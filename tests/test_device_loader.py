@@ -102,3 +102,25 @@ def test_ddp_cpu_ranks_get_disjoint_device_resident_shards(tmp_path: Path) -> No
     assert {r["loader"] for r in ranks} == {"DeviceLoader"}
     a, b = (set(r["indices"]) for r in ranks)
     assert not a & b and len(a) == len(b) == ranks[0]["dataset_size"] // 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_whole_batches_equal_the_per_sample_batches(workers: int) -> None:
+    """One indexing operation a batch gives the very batches torch's per-sample fetch and collate give."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightspeed.data.device_loader import ResumableDataLoader, WholeBatches, whole_batch
+
+    gen = torch.Generator().manual_seed(0)
+    split = TensorDataset(torch.randn(67, 3, 4, 4, generator=gen), torch.randint(0, 10, (67,), generator=gen))
+    order = EpochOrder(67, True, seed=5)
+    order.set_epoch(3)
+    per_sample = list(DataLoader(split, batch_size=8, sampler=order))
+    whole = list(
+        ResumableDataLoader(
+            WholeBatches(split), batch_size=8, sampler=order, collate_fn=whole_batch, num_workers=workers
+        )
+    )
+    assert len(whole) == len(per_sample) == 9
+    for (x, y), (x2, y2) in zip(per_sample, whole, strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)

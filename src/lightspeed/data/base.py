@@ -17,7 +17,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed.config import ConfigError
 from lightspeed.data.augment import random_crop, random_flip
-from lightspeed.data.device_loader import DeviceLoader, EpochOrder, Position, ResumableDataLoader
+from lightspeed.data.device_loader import (
+    DeviceLoader,
+    EpochOrder,
+    Position,
+    ResumableDataLoader,
+    WholeBatches,
+    whole_batch,
+)
 from lightspeed.device import cpu_count
 
 #: Device-resident data may take at most this share of the device's free memory: the rest is for
@@ -175,8 +182,10 @@ class ArrayDataModule(L.LightningDataModule):
             # would otherwise advance: a resumed run must draw the same numbers as an uninterrupted one.
             "generator": torch.Generator().manual_seed(order.seed + rank),
         }
-        if shuffle:
-            return ResumableDataLoader(self.splits[split], sampler=order, **options)
+        if shuffle:  # training: a batch fetched with one indexing operation, not sample by sample
+            return ResumableDataLoader(
+                WholeBatches(self.splits[split]), sampler=order, collate_fn=whole_batch, **options
+            )
         # Evaluation (and overfit_batches) under DDP: each sample on exactly one rank. Lightning's default
         # sampler pads the last batch with repeats, which would count some samples twice in the metrics.
         sampler = UnrepeatedDistributedSampler(

@@ -3,7 +3,8 @@
 `DeviceLoader` serves data sets that fit in device memory: no workers, no per-sample collate, no
 copies. The fastest training code (airbench, nanoGPT) keeps the whole data set on the GPU and slices
 batches out of it with an on-device permutation; on a CPU the same code is the in-memory fast path.
-`ResumableDataLoader` is torch's DataLoader (workers, pinned memory) over the same order.
+`ResumableDataLoader` is torch's DataLoader (workers, pinned memory) over the same order; over a
+`WholeBatches` view it fetches each batch with one indexing operation.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 
 class EpochOrder:
@@ -93,7 +94,9 @@ class DeviceLoader(Position):
         for start in range(self._begin_epoch() * self.batch_size, len(idx), self.batch_size):
             batch = idx[start : start + self.batch_size]
             self._served += 1
-            yield self.x[batch], self.y[batch]
+            # index_select, not x[batch]: on a CPU advanced indexing of rows is ~20x slower (144 vs 7 us
+            # for 64 rows of 64 floats)
+            yield self.x.index_select(0, batch), self.y.index_select(0, batch)
 
 
 class ResumableDataLoader(Position, DataLoader):
@@ -113,3 +116,23 @@ class ResumableDataLoader(Position, DataLoader):
                 yield batch
         finally:
             self.sampler.start = 0
+
+
+class WholeBatches(TensorDataset):
+    """In-memory arrays that a DataLoader fetches a batch at a time: `__getitems__` indexes every tensor
+    once with the batch's indices, where torch's default fetches each sample with `__getitem__` and
+    `default_collate` stacks them (~0.5 ms for 64 small samples on a CPU, most of a small model's step).
+    The batch comes out whole, so the loader's `collate_fn` must be `whole_batch`; the values are the
+    same as the stacked samples."""
+
+    def __init__(self, split: TensorDataset) -> None:
+        super().__init__(*split.tensors)
+
+    def __getitems__(self, indices: list[int]) -> list[Tensor]:
+        idx = torch.tensor(indices)  # converted once for all the tensors
+        return [t.index_select(0, idx) for t in self.tensors]
+
+
+def whole_batch(batch: list[Tensor]) -> list[Tensor]:
+    """The collate_fn for `WholeBatches`: the batch is already made (module level: workers pickle it)."""
+    return batch
