@@ -155,7 +155,7 @@ def test_unknown_compile_backend_is_a_config_error(train_cfg) -> None:
     ],
 )
 def test_optimizer_impl_reaches_the_optimizer(train_cfg, impl: str, flags: dict) -> None:
-    result = train(train_cfg(*FIT_ONLY, f"accel.optimizer_impl={impl}"))
+    result = train(train_cfg(*FIT_ONLY, "trainer.accelerator=cpu", f"accel.optimizer_impl={impl}"))
     defaults = result.trainer.optimizers[0].defaults
     assert {k: defaults.get(k) for k in flags} == flags
 
@@ -222,6 +222,12 @@ def test_auto_optimizer_impl_is_fused_only_on_the_cpu_and_only_where_torch_has_i
     assert accel.resolve(cfg) == [] and cfg.model.optimizer.fused is True
     cfg = train_cfg("trainer.accelerator=cpu", "model.optimizer.name=RMSprop")  # no fused kernel: no note
     assert accel.resolve(cfg) == [] and "fused" not in cfg.model.optimizer
+    cfg = train_cfg("trainer.accelerator=cpu", "+model.optimizer.foreach=true")  # the config's own wins
+    assert (
+        accel.resolve(cfg) == []
+        and cfg.model.optimizer.foreach is True
+        and "fused" not in cfg.model.optimizer
+    )
     cfg = train_cfg("trainer.accelerator=cpu", "accel=off")
     assert accel.resolve(cfg) == [] and not {"fused", "foreach"} & set(cfg.model.optimizer)
     with mock.patch.object(accel, "device_type", return_value="cuda"):

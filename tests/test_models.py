@@ -102,3 +102,25 @@ def test_accuracy_matches_torchmetrics_and_sums_batches() -> None:
     assert torch.allclose(ours.compute(), theirs.compute())
     ours.reset()
     assert float(ours.compute()) == 0.0 and int(ours.total) == 0
+
+
+def test_a_second_fit_of_the_same_module_logs_its_training_accuracy_again() -> None:
+    from lightspeed.data import DigitsDataModule
+
+    model = Classifier(
+        {"name": "mlp", "hidden": [16]}, {"name": "SGD", "lr": 0.1}, {"name": "none"}, 10, [1, 8, 8]
+    )
+    dm = DigitsDataModule(batch_size=64, num_workers=0)
+    for _ in range(2):
+        trainer = Trainer(
+            max_epochs=1,
+            limit_train_batches=3,
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(model, datamodule=dm)
+        assert "train/acc" in trainer.callback_metrics  # registered, logged and reset at the epoch's end
+        assert int(model.train_acc.total) == 0

@@ -73,8 +73,8 @@ def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
     opt_cls = getattr(torch.optim, str(opt.name), None)
     params = inspect.signature(opt_cls).parameters if isinstance(opt_cls, type) else {}
     explicit = impl != "auto"
-    if not explicit:
-        if device != "cpu" or "fused" not in params:
+    if not explicit:  # the config's own fused/foreach keys win over auto
+        if device != "cpu" or "fused" not in params or {"fused", "foreach"} & set(opt):
             return []
         impl = "fused"
     flag = "fused" if impl == "fused" else "foreach"

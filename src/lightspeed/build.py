@@ -74,9 +74,10 @@ def callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
 
 def trainer(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:
     loggers_ = loggers(cfg)
-    callbacks_ = [*callbacks(cfg, bool(loggers_)), *extra_callbacks]
-    for callback in callbacks_:
+    configured = callbacks(cfg, bool(loggers_))
+    for callback in configured:  # ours to change; the caller's extra callbacks are left as given
         hooks.skip_empty(callback, Callback)
+    callbacks_ = [*configured, *extra_callbacks]
     return instantiate(
         cfg.trainer,
         callbacks=callbacks_,

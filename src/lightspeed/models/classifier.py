@@ -69,6 +69,7 @@ class Classifier(L.LightningModule):
         self._restored_schedule_steps = schedules[0].get("total_steps", schedules[0].get("T_max"))
 
     def on_train_start(self) -> None:  # Lightning skips on_train_epoch_start when it resumes mid-epoch
+        self._logged_epoch = -1  # each fit registers its first epoch's accuracy again
         restored, self._restored_train_acc = getattr(self, "_restored_train_acc", None), None
         if restored is None or restored["epoch"] != self.current_epoch:
             return
