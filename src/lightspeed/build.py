@@ -43,7 +43,7 @@ def model(cfg: DictConfig, dm: ArrayDataModule) -> L.LightningModule:
     module = instantiate(
         cfg.model, num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
     )
-    hooks.skip_empty(module, L.LightningModule, hooks.TRAINING)
+    hooks.skip_empty_in_module(module)
     return module
 
 

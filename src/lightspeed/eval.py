@@ -7,7 +7,6 @@ import csv
 import json
 from pathlib import Path
 
-import lightning as L
 import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
@@ -59,7 +58,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         # the model to whatever device this run uses. weights_only: loading never executes code.
         with checkpoint.loading(ckpt):
             model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
-        hooks.skip_empty(model, L.LightningModule, hooks.TRAINING)
+        hooks.skip_empty_in_module(model)
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
         accel.apply_to_model(cfg, model, dm)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning as L
+
 # Hooks that Lightning calls once per batch, through the callable check above, and whose base
 # implementations (Callback, ModelHooks) are empty.
 TRAINING = (
@@ -45,3 +47,8 @@ def skip_empty(obj: Any, base: type, names: tuple[str, ...] = TRAINING + EVALUAT
             setattr(obj, name, None)
             skipped.append(name)
     return skipped
+
+
+def skip_empty_in_module(module: Any) -> list[str]:
+    """`skip_empty` for a LightningModule: its training hooks only (see EVALUATION)."""
+    return skip_empty(module, L.LightningModule, TRAINING)
