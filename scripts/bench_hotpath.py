@@ -14,7 +14,12 @@ here each piece is timed on its own: the old and the new version of it alternate
 - the optimizer step of the small and wide MLPs: AdamW with torch's default kernels (on the CPU one
   parameter at a time, on CUDA foreach) against fused: on a GPU this decides `accel.optimizer_impl=auto`;
 - Lightning's dispatch of the per-batch callback hooks with the default callbacks: every hook of every
-  callback (Lightning's own way) against only the ones that do something (`lightspeed.hooks`).
+  callback (Lightning's own way) against only the ones that do something (`lightspeed.hooks`);
+- the CUDA check in every optimizer step: under Lightning's NVML-based check (which, with torch's CUDA
+  build and no GPU, asks NVML each time) against torch's cached one (`device.skip_repeated_cuda_probe`);
+- the wide MLP's fused AdamW step once most of its momentum has decayed into denormals (dead ReLU
+  units, after ~750 steps): computed exactly against flushed to zero (`accel.flush_denormal`). One
+  thread, since the mode belongs to each thread; both sides refill the momentum before each step.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -35,7 +41,8 @@ from lightning.pytorch.trainer import call
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightspeed import hooks
+from lightspeed import accel, hooks
+from lightspeed import device as device_facts
 from lightspeed.data.device_loader import EpochOrder, WholeBatches, whole_batch
 from lightspeed.entry import compose_config
 from lightspeed.models.metrics import Accuracy
@@ -74,6 +81,35 @@ def optimizer_step(hidden: list[int], device: torch.device, **kernels: bool) -> 
     F.cross_entropy(net(x), y).backward()
     opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=5e-4, **kernels)
     return opt.step
+
+
+def cuda_check(nvml: str) -> Callable[[], object]:
+    """`torch.cuda.is_available()` as torch's optimizers call it each step, with the NVML setting given."""
+
+    def check() -> object:
+        os.environ[device_facts.NVML_CHECK] = nvml
+        return torch.cuda.is_available()
+
+    return check
+
+
+def denormal_momentum_step(flush: bool) -> Callable[[], None]:
+    """A fused AdamW step of the wide MLP where 85% of the momentum is denormal, as measured after 1,600
+    steps of training it (the 1024x1024 layer's dead units)."""
+    net = build_net({"name": "mlp", "hidden": [1024, 1024], "dropout": 0.0}, [64], 10)
+    F.cross_entropy(net(torch.randn(64, 64)), torch.randint(0, 10, (64,))).backward()
+    opt = torch.optim.AdamW(net.parameters(), lr=2e-3, fused=True)
+    opt.step()
+    momenta = [opt.state[p]["exp_avg"] for p in net.parameters()]
+    decayed = [accel.denormals(m.numel()).view_as(m) * (torch.rand_like(m) < 0.85) for m in momenta]
+
+    def step() -> None:
+        torch.set_flush_denormal(flush)
+        for m, d in zip(momenta, decayed, strict=True):
+            m.copy_(d)
+        opt.step()
+
+    return step
 
 
 def empty_hook_calls() -> dict[str, int]:
@@ -200,6 +236,21 @@ def main() -> None:
         hook_dispatch(empty, prune=True),
         args,
     )
+    nvml = os.environ.get(device_facts.NVML_CHECK)
+    compare("CUDA check in each optimizer step (NVML -> cached)", cuda_check("1"), cuda_check("0"), args)
+    if nvml is not None:
+        os.environ[device_facts.NVML_CHECK] = nvml
+    if device.type == "cpu":
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        compare(
+            "AdamW step, wide MLP, 85% of momentum denormal, 1 thread (exact -> flushed)",
+            denormal_momentum_step(False),
+            denormal_momentum_step(True),
+            args,
+        )
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)
 
 
 if __name__ == "__main__":

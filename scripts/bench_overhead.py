@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from lightspeed import accel
+from lightspeed import accel, device
 from lightspeed.data import SyntheticDataModule
 from lightspeed.data.device_loader import WholeBatches, whole_batch
 from lightspeed.entry import compose_config
@@ -236,6 +236,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    # As Lightspeed's command line starts a run: flushing denormals before any torch work (so in every
+    # CPU thread), and torch's cached CUDA check instead of an NVML query in each optimizer step. The
+    # hand loop gets the same process, as plain torch (which asks no NVML) would.
+    torch.set_flush_denormal(True)
+    device.skip_repeated_cuda_probe()
     silence_known_noise()
     import logging
 

@@ -4,13 +4,16 @@ the compiled module, DataLoader attributes, optimizer flags. GPU-only knobs are 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
 import torch
 
 from conftest import TINY
-from lightspeed import accel
+from lightspeed import accel, device
 from lightspeed.data import DigitsDataModule
 from lightspeed.train import train
 from probes import BatchProbe
@@ -39,6 +42,7 @@ def test_presets_compose_to_what_they_promise(train_cfg) -> None:
         "auto",
     )
     assert train_cfg().trainer.precision == "auto"  # accel=default is the default
+    assert (off.accel.flush_denormal, default.accel.flush_denormal) == (False, "auto")
 
 
 def test_auto_values_on_a_cpu(train_cfg) -> None:
@@ -50,6 +54,7 @@ def test_auto_values_on_a_cpu(train_cfg) -> None:
         False,
         False,
     )
+    assert cfg.accel.flush_denormal is True
 
 
 @pytest.mark.parametrize(("bf16", "expected"), [(True, "bf16-mixed"), (False, "16-mixed")])
@@ -66,6 +71,7 @@ def test_auto_values_on_a_gpu(train_cfg, monkeypatch, bf16: bool, expected: str)
         True,
         True,
     )
+    assert cfg.accel.flush_denormal is False  # the GPU's math does not go through the CPU's mode
 
 
 def test_gpu_only_knobs_on_a_cpu_are_no_ops_with_one_info_line(train_cfg, caplog) -> None:
@@ -241,3 +247,52 @@ def test_fused_optimizer_with_clipping_under_mixed_precision_falls_back_to_forea
     notes = accel.resolve(cfg)
     assert cfg.model.optimizer.foreach is True and "fused" not in cfg.model.optimizer
     assert notes == ["accel.optimizer_impl=fused (with gradient clipping and bf16-mixed: foreach)"]
+
+
+# A fresh process, as the command line starts one: `accel.apply_to_torch` before any torch work, then
+# a product of denormals computed by every CPU thread of torch's pool, then the same after torch work.
+FLUSH_PROBE = """
+import sys, torch
+from omegaconf import OmegaConf
+from lightspeed import accel, device
+if sys.argv[2] == "late":
+    torch.full((1 << 18,), 1.0) * 2  # torch's CPU threads start here, before the mode is set
+cfg = OmegaConf.create({"accel": {"flush_denormal": sys.argv[1] == "true"}})
+accel.apply_to_torch(cfg)
+print("flushed" if accel.denormals_flushed() else "kept")
+"""
+
+
+@pytest.mark.parametrize(
+    ("flush", "when", "expected"),
+    [("true", "first", "flushed"), ("false", "first", "kept"), ("true", "late", "kept")],
+)
+def test_flush_denormal_reaches_every_cpu_thread_when_set_first(flush: str, when: str, expected: str) -> None:
+    if torch.get_num_threads() < 2 or not torch.set_flush_denormal(False):
+        pytest.skip("needs 2 CPU threads and a CPU that can flush denormals")
+    proc = subprocess.run(
+        [sys.executable, "-c", FLUSH_PROBE, flush, when], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == expected
+    # set after torch's threads started, it cannot reach them: the run says so, in one line
+    assert ("still compute with denormals" in proc.stderr + proc.stdout) is (when == "late")
+
+
+def test_flush_denormal_in_a_run_reaches_torch(train_cfg) -> None:
+    tiny = accel.denormals(1)
+    train(train_cfg(*FIT_ONLY, "trainer.accelerator=cpu"))  # auto: on for a CPU run
+    assert (tiny * 2).item() == 0.0
+    train(train_cfg(*FIT_ONLY, "accel.flush_denormal=false"))
+    assert (tiny * 2).item() > 0.0
+
+
+@pytest.mark.parametrize(("gpus", "expected"), [(0, "0"), (1, "1")])
+def test_no_nvml_query_per_optimizer_step_without_a_gpu(monkeypatch, gpus: int, expected: str) -> None:
+    """Lightning's NVML-based CUDA check re-asks NVML at every optimizer step of a CPU run; without a
+    GPU, torch's cached check replaces it. With a GPU, Lightning's fork-safe setting stays."""
+    monkeypatch.setenv(device.NVML_CHECK, "1")
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    device.skip_repeated_cuda_probe()
+    assert os.environ[device.NVML_CHECK] == expected

@@ -113,6 +113,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a torch.compile backend: " + ", ".join(torch.compiler.list_backends()),
     ),
     "accel.optimizer_impl": _one_of("auto", "torch", "fused", "foreach", "loop"),
+    "accel.flush_denormal": _bool_or_auto(),
     "callbacks.nonfinite.action": _one_of("stop", "skip"),
     "callbacks.nonfinite.check_every_n_steps": _int_at_least(1),
     "callbacks.nonfinite.max_consecutive_skips": _int_at_least(1),
