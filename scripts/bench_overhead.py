@@ -11,9 +11,10 @@ kernels, a per-sample fetch and collate).
 Only steady-state steps are timed (from the end of step --warmup to the end of the last step); setup
 (building the Trainer, the first batches) is reported apart. The Lightning rows add one feature at a
 time on top of the bare Trainer, ending with Lightspeed as `make train` runs it (metrics, logging,
-progress bar, speed report, checkpointing). Each row's difference from the bare Trainer is also given
-paired: taken within each repeat, whose runs follow each other, then the median over repeats (this VM's
-speed drifts by +-15% over seconds).
+progress bar, speed report, checkpointing); two more rows go below the bare Trainer while staying on
+it (manual optimization, and Lightning's loop with the step done by hand inside it). Each row's
+difference from the bare Trainer is also given paired: taken within each repeat, whose runs follow each
+other, then the median over repeats (this VM's speed drifts by +-15% over seconds).
 """
 
 from __future__ import annotations
@@ -80,6 +81,39 @@ class MetricClassifier(Classifier):
         logits = self(x)
         self.train_acc.update(logits, y)
         return F.cross_entropy(logits, y)
+
+
+class ManualClassifier(BareClassifier):
+    """The bare step under Lightning's manual optimization: no closure, no zero-grad hooks, but Lightning's
+    optimizer wrapper, backward and step hooks still run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+class LoopOnlyClassifier(ManualClassifier):
+    """Lightning's loop with the step done by hand inside it (torch's optimizer called directly, no
+    Lightning hook around backward or step, global_step not advanced): what the Trainer's loop alone
+    costs, a floor for any LightningModule. Not a way to train (no precision plugin, no DDP hooks)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        opt = self.trainer.strategy.optimizers[0]
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
 
 
 def hand_loop(
@@ -152,6 +186,9 @@ VARIANTS: list[tuple[str, type[Classifier], list[str]]] = [
         ],
     ),
     ("Lightspeed default (+ checkpoints, LR monitor)", Classifier, ["callbacks=default", "logger=csv"]),
+    # Below the bare Trainer, still on it: how far a LightningModule could go.
+    ("bare, manual optimization", ManualClassifier, OFF),
+    ("bare, Lightning's loop only (step by hand in training_step)", LoopOnlyClassifier, OFF),
 ]
 
 
@@ -230,7 +267,8 @@ def main() -> None:
     parser.add_argument("--models", default="small,wide")
     parser.add_argument(
         "--variants",
-        help="comma-separated row numbers to run (1 = bare Trainer ... 6 = Lightspeed default); default all",
+        help="comma-separated row numbers to run (1 = bare Trainer ... 6 = Lightspeed default, 7 = manual "
+        "optimization, 8 = Lightning's loop only); default all",
     )
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     args = parser.parse_args()

@@ -77,3 +77,58 @@ def test_hotpath_bench_times_each_piece_old_against_new(tmp_path: Path) -> None:
     assert all(float(old) > 0 and float(new) > 0 for _, old, new, _ in rows)
     removed = re.search(r"inherited empty: (\d+) calls a step", proc.stdout)
     assert removed and int(removed[1]) > 20  # most of the default callbacks' per-batch hooks are empty
+
+
+def test_denormal_bench_compares_exact_and_flushed_in_fresh_processes(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench_denormal.py"),
+            "--steps",
+            "6",
+            "--window",
+            "3",
+            "--hidden",
+            "32",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if re.match(r"\| \d", line)]
+    assert [int(r[0]) for r in rows] == [3, 6]
+    assert all(float(a) > 0 and float(b) > 0 for _, a, b in rows)
+    # flushed: no denormal survives in the optimizer state
+    assert re.search(r"flush: 0 of [\d,]+ momentum values denormal", proc.stdout), proc.stdout
+
+
+@pytest.mark.slow
+def test_overhead_bench_reports_every_row_against_the_bare_trainer(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench_overhead.py"),
+            *("--steps", "12", "--warmup", "4", "--repeats", "1", "--models", "small", "--variants", "6,7,8"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| ")}
+    for label in ("hand-written loop", "bare Trainer", "Lightspeed default", "bare, manual optimization"):
+        assert any(k.startswith(label) for k in rows), (label, proc.stdout)
+    assert rows["bare Trainer"].split("|")[5].strip() == "+0"  # its paired difference from itself

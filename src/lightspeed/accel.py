@@ -114,7 +114,7 @@ def _flush_denormal(flush: bool) -> list[str]:
     whose gradient stays zero (a dead ReLU unit) decays by 0.9 a step and reaches that range after
     ~750 steps; x86 CPUs compute with such numbers many times slower. Measured: AdamW on a
     64-1024-1024-10 MLP went from 6 to 12 ms a step after ~800 steps, and stays at 6 with flushing
-    (docs/performance.md). GPUs flush in their fast math anyway.
+    (docs/performance.md). GPUs compute denormals at full speed.
 
     The mode belongs to each thread and torch's CPU threads copy it when they start: set before any
     torch work (the command line does), it holds everywhere; set later, only in the calling thread."""
