@@ -73,6 +73,17 @@ TINY = [
 ]
 
 
+def run_script(name: str, *args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run `python scripts/<name> <args>` in `cwd`, as the docs tell a person to."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / name), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def run_module(module: str, *args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """Run `python -m <module> <args>` as a user would, in `cwd`, capturing what they would see."""
     env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}

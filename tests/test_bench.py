@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_module
+from conftest import run_module, run_script
 from test_cli import make_dry_run
 
 
@@ -55,18 +55,7 @@ def test_make_bench_passes_overrides_and_options() -> None:
 
 
 def test_hotpath_bench_times_each_piece_old_against_new(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_hotpath.py"), "--repeats", "1", "--calls", "3"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_script("bench_hotpath.py", "--repeats", "1", "--calls", "3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = [
         line.split("|")[1:-1]
@@ -111,20 +100,10 @@ def test_denormal_bench_compares_exact_and_flushed_in_fresh_processes(tmp_path: 
 
 @pytest.mark.slow
 def test_overhead_bench_reports_every_row_against_the_bare_trainer(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "bench_overhead.py"),
-            *("--steps", "12", "--warmup", "4", "--repeats", "1", "--models", "small", "--variants", "6,7,8"),
-        ],
+    proc = run_script(
+        "bench_overhead.py",
+        *("--steps", "12", "--warmup", "4", "--repeats", "1", "--models", "small", "--variants", "6,7,8"),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 
-from conftest import REPO, TINY
+from conftest import REPO, TINY, run_script
 from lightspeed import resume
 from lightspeed.config import ConfigError
 from lightspeed.entry import compose_config
@@ -144,19 +142,7 @@ def test_a_preempted_and_resumed_run_is_bit_identical_to_an_uninterrupted_one(
 @pytest.mark.slow
 def test_chaos_one_kill_and_resume_per_mode_is_bit_identical(tmp_path: Path) -> None:
     """scripts/chaos.py, one trial on one process and one under ddp_cpu (`make chaos` runs more)."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "chaos.py"),
-            "--trials",
-            "1",
-            "--keep",
-            str(tmp_path / "chaos"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_script("chaos.py", "--trials", "1", "--keep", str(tmp_path / "chaos"), cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "single: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
     assert "ddp_cpu: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
