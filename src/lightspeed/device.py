@@ -68,10 +68,10 @@ NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 def skip_repeated_cuda_probe() -> None:
     """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1, so that asking whether CUDA is available never
     initialises CUDA (a forked process could not use it afterwards). torch then asks NVML again at each
-    such question until CUDA is initialised, and torch's optimizers ask at every step (their
-    graph-capture check). With torch's CUDA build on a machine without a GPU that costs 60-280 us a
-    step, on every CPU run. Without a GPU there is no CUDA to protect: torch's own check, which it
-    answers from memory, is used instead. Where a GPU is present nothing changes."""
+    such question until CUDA is initialised, and Adam, AdamW and most other torch optimizers (not SGD)
+    ask at every step (their graph-capture check). With torch's CUDA build on a machine without a GPU
+    that costs 50-80 us a step, on every CPU run. Without a GPU there is no CUDA to protect: torch's own
+    check, which it answers from memory, is used instead. Where a GPU is present nothing changes."""
     if os.environ.get(NVML_CHECK) != "1" or not torch.backends.cuda.is_built():
         return
     if torch.cuda.device_count() == 0:
