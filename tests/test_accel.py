@@ -54,7 +54,7 @@ def test_auto_values_on_a_cpu(train_cfg) -> None:
         False,
         False,
     )
-    assert cfg.accel.flush_denormal is True
+    assert cfg.accel.flush_denormal is accel.can_flush()
 
 
 @pytest.mark.parametrize(("bf16", "expected"), [(True, "bf16-mixed"), (False, "16-mixed")])
@@ -249,42 +249,70 @@ def test_fused_optimizer_with_clipping_under_mixed_precision_falls_back_to_forea
     assert notes == ["accel.optimizer_impl=fused (with gradient clipping and bf16-mixed: foreach)"]
 
 
-# A fresh process, as the command line starts one: `accel.apply_to_torch` before any torch work, then
-# a product of denormals computed by every CPU thread of torch's pool, then the same after torch work.
+# A fresh process per case, as the command line starts one: each argument is a step, `work` (torch work,
+# which starts torch's CPU threads) or a run's `accel.apply_to_torch` with flush_denormal true/false.
 FLUSH_PROBE = """
 import sys, torch
 from omegaconf import OmegaConf
-from lightspeed import accel, device
-if sys.argv[2] == "late":
-    torch.full((1 << 18,), 1.0) * 2  # torch's CPU threads start here, before the mode is set
-cfg = OmegaConf.create({"accel": {"flush_denormal": sys.argv[1] == "true"}})
-accel.apply_to_torch(cfg)
-print("flushed" if accel.denormals_flushed() else "kept")
+from lightspeed import accel
+for step in sys.argv[1:]:
+    if step == "work":
+        torch.full((1 << 18,), 1.0) * 2
+    else:
+        accel.apply_to_torch(OmegaConf.create({"accel": {"flush_denormal": step == "true"}}))
+print(accel.thread_modes())
 """
+FLUSH_CASES = {
+    ("true",): ("flushed", None),  # before any torch work: every thread
+    ("false",): ("exact", None),
+    ("work", "true"): ("exact", "accel.flush_denormal=true cannot take effect"),  # a notebook
+    ("true", "work", "false"): ("flushed", "accel.flush_denormal=false cannot take effect"),  # a -m sweep
+}
 
 
-@pytest.mark.parametrize(
-    ("flush", "when", "expected"),
-    [("true", "first", "flushed"), ("false", "first", "kept"), ("true", "late", "kept")],
-)
-def test_flush_denormal_reaches_every_cpu_thread_when_set_first(flush: str, when: str, expected: str) -> None:
-    if torch.get_num_threads() < 2 or not torch.set_flush_denormal(False):
+def test_flush_denormal_holds_in_every_cpu_thread_or_in_none() -> None:
+    if torch.get_num_threads() < 2 or not accel.can_flush():
         pytest.skip("needs 2 CPU threads and a CPU that can flush denormals")
-    proc = subprocess.run(
-        [sys.executable, "-c", FLUSH_PROBE, flush, when], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-1] == expected
-    # set after torch's threads started, it cannot reach them: the run says so, in one line
-    assert ("still compute with denormals" in proc.stderr + proc.stdout) is (when == "late")
+    procs = {
+        case: subprocess.Popen(
+            [sys.executable, "-c", FLUSH_PROBE, *case],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for case in FLUSH_CASES
+    }
+    for case, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        modes, line = FLUSH_CASES[case]
+        assert out.split()[-1] == modes, case
+        # the threads started with the other mode: the run keeps it everywhere, and says so in one line
+        said = [ln for ln in (out + err).splitlines() if "cannot take effect" in ln]
+        assert said == ([] if line is None else [said[0]]) and (line is None or line in said[0]), (case, said)
 
 
-def test_flush_denormal_in_a_run_reaches_torch(train_cfg) -> None:
-    tiny = accel.denormals(1)
-    train(train_cfg(*FIT_ONLY, "trainer.accelerator=cpu"))  # auto: on for a CPU run
-    assert (tiny * 2).item() == 0.0
-    train(train_cfg(*FIT_ONLY, "accel.flush_denormal=false"))
-    assert (tiny * 2).item() > 0.0
+def test_a_run_leaves_every_cpu_thread_in_one_mode(train_cfg) -> None:
+    """In this test process torch's threads started long ago: whatever a run asks, the main thread ends
+    up computing denormals as the pool does."""
+    one = accel.denormals(1)
+    for flush in ("auto", "false", "true"):
+        train(train_cfg(*FIT_ONLY, "trainer.accelerator=cpu", f"accel.flush_denormal={flush}"))
+        modes = accel.thread_modes()
+        assert modes != "mixed"
+        assert (accel.count_denormals(one * 2.0) == 0) is (modes == "flushed")
+
+
+def test_flush_denormal_resolves_to_what_the_cpu_can_do(train_cfg) -> None:
+    cfg = train_cfg("trainer.accelerator=cpu", "accel.flush_denormal=true")
+    with mock.patch.object(accel, "can_flush", return_value=False):
+        assert accel.resolve(cfg) == ["accel.flush_denormal=true (this CPU cannot flush denormals)"]
+        assert cfg.accel.flush_denormal is False
+        cfg = train_cfg("trainer.accelerator=cpu")  # auto: quietly off
+        assert accel.resolve(cfg) == [] and cfg.accel.flush_denormal is False
+    with mock.patch.object(accel, "can_flush", return_value=True):
+        cfg = train_cfg("trainer.accelerator=cpu")
+        assert accel.resolve(cfg) == [] and cfg.accel.flush_denormal is True
 
 
 @pytest.mark.parametrize(("gpus", "expected"), [(0, "0"), (1, "1")])

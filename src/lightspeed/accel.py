@@ -61,7 +61,10 @@ def resolve(cfg: DictConfig) -> list[str]:
         idle += _resolve_optimizer_impl(cfg, device)
         knobs = cfg.get("accel")
         if knobs is not None and knobs.get("flush_denormal") == "auto":
-            knobs.flush_denormal = device == "cpu"
+            knobs.flush_denormal = device == "cpu" and can_flush()
+        elif knobs is not None and knobs.get("flush_denormal") is True and not can_flush():
+            idle.append("accel.flush_denormal=true (this CPU cannot flush denormals)")
+            knobs.flush_denormal = False
     return idle
 
 
@@ -99,45 +102,64 @@ def report_idle(idle: list[str], device: str) -> None:
         rank_zero_info(f"{device} run: no effect here, so left off: {'; '.join(idle)}")
 
 
-def apply_to_torch(cfg: DictConfig) -> list[str]:
+def apply_to_torch(cfg: DictConfig) -> None:
     """Process-wide settings: float32 matmul precision ("high" lets CUDA use TF32 tensor cores), the
-    CPU's denormal mode, and no NVML query per optimizer step where there is no GPU. Returns the knobs
-    that cannot take effect here."""
+    CPU's denormal mode, and no NVML query per optimizer step where there is no GPU."""
     knobs = cfg.get("accel", {})
     torch.set_float32_matmul_precision(str(knobs.get("matmul_precision", "highest")))
     device.skip_repeated_cuda_probe()
-    return _flush_denormal(bool(knobs.get("flush_denormal", False)))
+    _flush_denormal(bool(knobs.get("flush_denormal", False)))
 
 
-def _flush_denormal(flush: bool) -> list[str]:
+def _flush_denormal(flush: bool) -> None:
     """`accel.flush_denormal`: compute values below 1.2e-38 as zero on the CPU. Momentum of a weight
     whose gradient stays zero (a dead ReLU unit) decays by 0.9 a step and reaches that range after
-    ~750 steps; x86 CPUs compute with such numbers many times slower. Measured: AdamW on a
-    64-1024-1024-10 MLP went from 6 to 12 ms a step after ~800 steps, and stays at 6 with flushing
-    (docs/performance.md). GPUs compute denormals at full speed.
+    ~750 steps; x86 CPUs compute with such numbers many times slower. Measured: fused AdamW on a
+    64-1024-1024-10 MLP went from ~5 to ~10 ms a step after ~800 steps, and stayed at ~5-6 ms with
+    flushing (docs/performance.md). GPUs compute denormals at full speed.
 
-    The mode belongs to each thread and torch's CPU threads copy it when they start: set before any
-    torch work (the command line does), it holds everywhere; set later, only in the calling thread."""
-    if not torch.set_flush_denormal(flush):
-        return ["accel.flush_denormal=true (this CPU cannot flush denormals)"] if flush else []
-    if flush and not denormals_flushed():
-        rank_zero_info(
-            "accel.flush_denormal=true: torch's CPU threads started before this run and still compute "
-            "with denormals; call torch.set_flush_denormal(True) before any torch work in this process"
-        )
-    return []
+    The mode belongs to each thread, and torch's CPU threads copy it when they start: set before any
+    torch work (the command line does), it holds in every thread. Where the threads started earlier in
+    this process with the other mode (a notebook, a hydra -m sweep), the run keeps their mode in every
+    thread, rather than a main thread that computes differently from the rest, and says so."""
+    torch.set_flush_denormal(flush)  # `resolve` turned true off where the CPU cannot flush
+    if thread_modes() == ("flushed" if flush else "exact"):
+        return
+    torch.set_flush_denormal(not flush)
+    rank_zero_info(
+        f"accel.flush_denormal={str(flush).lower()} cannot take effect in this process: torch's CPU threads "
+        f"started earlier with denormals {'computed exactly' if flush else 'flushed'}, and this run keeps "
+        "that; start it in a fresh process (a hydra -m sweep runs its jobs in one)"
+        + (", or call torch.set_flush_denormal(True) before any torch work" if flush else "")
+    )
 
 
-def denormals_flushed() -> bool:
-    """Whether every CPU thread of torch's pool flushes: an elementwise product big enough that each
-    thread computes a share (ATen splits work in grains of 32768 elements)."""
-    return not bool((denormals(32768 * 2 * torch.get_num_threads()) * 2.0).count_nonzero())
+def can_flush() -> bool:
+    """Whether this CPU can flush denormals: torch's setter, given the calling thread's mode as it is,
+    changes nothing and says."""
+    return torch.set_flush_denormal(count_denormals(denormals(1) * 2.0) == 0)
+
+
+def thread_modes() -> str:
+    """`flushed` or `exact` when every CPU thread of torch's pool computes denormals the same way,
+    `mixed` when not: an elementwise product big enough that each thread computes a share (ATen splits
+    work in grains of 32768 elements), its denormals counted from their bits."""
+    n = 32768 * 2 * torch.get_num_threads()
+    kept = count_denormals(denormals(n) * 2.0)
+    return "flushed" if kept == 0 else "exact" if kept == n else "mixed"
 
 
 def denormals(n: int) -> torch.Tensor:
     """n float32 denormals (1.5e-39), made from their bits: converting 1e-39 to float32 in a thread
     that flushes would already give 0."""
     return torch.full((n,), 1 << 20, dtype=torch.int32).view(torch.float32)
+
+
+def count_denormals(t: torch.Tensor) -> int:
+    """Denormal float32 values in `t`, read from their bits (exponent 0, mantissa not): a comparison
+    such as `t != 0` would itself treat them as 0 in a thread that flushes."""
+    bits = t.view(torch.int32)
+    return int((((bits & 0x7F800000) == 0) & ((bits & 0x007FFFFF) != 0)).sum())
 
 
 def apply_to_model(cfg: DictConfig, model: L.LightningModule, dm: Any) -> None:

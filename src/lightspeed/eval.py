@@ -46,7 +46,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 "predict=true writes one predictions.csv from one process: add trainer.devices=1"
             )
         idle = accel.resolve(cfg)
-        idle += accel.apply_to_torch(cfg)
+        accel.apply_to_torch(cfg)
         ckpt = find_checkpoint(str(cfg.ckpt_path), Path(cfg.paths.log_dir))
         try:
             module_cls = get_class(cfg.module)

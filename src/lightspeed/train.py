@@ -94,7 +94,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         validate_train(cfg)
         refuse_multirun_with_ddp(cfg)
         idle = accel.resolve(cfg)
-        idle += accel.apply_to_torch(cfg)
+        accel.apply_to_torch(cfg)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         dm = build.datamodule(cfg)
         model = build.model(cfg, dm)
