@@ -35,6 +35,7 @@ CONFIGS: dict[str, tuple[list[str], bool]] = {
     "off+on_device": (["accel=off", "data.on_device=true"], False),
     "off+channels_last": (["accel=off", "accel.channels_last=true"], False),
     "off+fused": (["accel=off", "accel.optimizer_impl=fused"], False),
+    # denormals appear after ~750 steps: a shorter bench shows the knob's cost, not its gain
     "off+flush_denormal": (["accel=off", "accel.flush_denormal=true"], False),
     "off+compile": (["accel=off", "accel.compile=true"], False),
 }
