@@ -25,6 +25,8 @@ def train(flush: bool, steps: int, window: int, hidden: int) -> None:
     import torch.nn.functional as F
 
     torch.set_flush_denormal(flush)  # before any torch work: every CPU thread gets it
+    from lightspeed.device import count_denormals  # torch only: starts fast
+
     torch.manual_seed(0)
     n = 64 * 600
     x_all, y_all = torch.randn(n, 64), torch.randint(0, 10, (n,))
@@ -47,12 +49,9 @@ def train(flush: bool, steps: int, window: int, hidden: int) -> None:
         times.append(time.perf_counter() - start)
         if step % window == 0:
             print(f"{step}\t{statistics.median(times[-window:]) * 1e3:.2f}", flush=True)
-    # counted from the bits (exponent 0, mantissa not), as lightspeed.accel.count_denormals does: a
-    # comparison such as `m != 0` reads denormals as 0 where they are flushed; torch only, to start fast
-    bits = [opt.state[p]["exp_avg"].view(torch.int32) for p in net.parameters()]
-    denormal = sum(int((((b & 0x7F800000) == 0) & ((b & 0x007FFFFF) != 0)).sum()) for b in bits)
-    values = sum(b.numel() for b in bits)
-    print(f"denormal\t{denormal}\t{values}")
+    momenta = [opt.state[p]["exp_avg"] for p in net.parameters()]
+    denormal = sum(count_denormals(m) for m in momenta)  # from the bits: `m != 0` flushes too
+    print(f"denormal\t{denormal}\t{sum(m.numel() for m in momenta)}")
 
 
 def main() -> None:

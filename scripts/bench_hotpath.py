@@ -41,8 +41,8 @@ from lightning.pytorch.trainer import call
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightspeed import accel, hooks
 from lightspeed import device as device_facts
+from lightspeed import hooks
 from lightspeed.data.device_loader import EpochOrder, WholeBatches, whole_batch
 from lightspeed.entry import compose_config
 from lightspeed.models.metrics import Accuracy
@@ -101,7 +101,7 @@ def denormal_momentum_step(flush: bool) -> Callable[[], None]:
     opt = torch.optim.AdamW(net.parameters(), lr=2e-3, fused=True)
     opt.step()
     momenta = [opt.state[p]["exp_avg"] for p in net.parameters()]
-    decayed = [accel.denormals(m.numel()).view_as(m) * (torch.rand_like(m) < 0.85) for m in momenta]
+    decayed = [device_facts.denormals(m.numel()).view_as(m) * (torch.rand_like(m) < 0.85) for m in momenta]
 
     def step() -> None:
         torch.set_flush_denormal(flush)
@@ -238,7 +238,8 @@ def main() -> None:
     )
     nvml = os.environ.get(device_facts.NVML_CHECK)
     compare("CUDA check in each optimizer step (NVML -> cached)", cuda_check("1"), cuda_check("0"), args)
-    if nvml is not None:
+    os.environ.pop(device_facts.NVML_CHECK)
+    if nvml is not None:  # as it was
         os.environ[device_facts.NVML_CHECK] = nvml
     if device.type == "cpu":
         threads = torch.get_num_threads()

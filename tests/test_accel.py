@@ -54,7 +54,7 @@ def test_auto_values_on_a_cpu(train_cfg) -> None:
         False,
         False,
     )
-    assert cfg.accel.flush_denormal is accel.can_flush()
+    assert cfg.accel.flush_denormal is device.can_flush()
 
 
 @pytest.mark.parametrize(("bf16", "expected"), [(True, "bf16-mixed"), (False, "16-mixed")])
@@ -254,13 +254,13 @@ def test_fused_optimizer_with_clipping_under_mixed_precision_falls_back_to_forea
 FLUSH_PROBE = """
 import sys, torch
 from omegaconf import OmegaConf
-from lightspeed import accel
+from lightspeed import accel, device
 for step in sys.argv[1:]:
     if step == "work":
         torch.full((1 << 18,), 1.0) * 2
     else:
         accel.apply_to_torch(OmegaConf.create({"accel": {"flush_denormal": step == "true"}}))
-print(accel.thread_modes())
+print(device.thread_modes())
 """
 FLUSH_CASES = {
     ("true",): ("flushed", None),  # before any torch work: every thread
@@ -271,7 +271,7 @@ FLUSH_CASES = {
 
 
 def test_flush_denormal_holds_in_every_cpu_thread_or_in_none() -> None:
-    if torch.get_num_threads() < 2 or not accel.can_flush():
+    if torch.get_num_threads() < 2 or not device.can_flush():
         pytest.skip("needs 2 CPU threads and a CPU that can flush denormals")
     procs = {
         case: subprocess.Popen(
@@ -295,12 +295,12 @@ def test_flush_denormal_holds_in_every_cpu_thread_or_in_none() -> None:
 def test_a_run_leaves_every_cpu_thread_in_one_mode(train_cfg) -> None:
     """In this test process torch's threads started long ago: whatever a run asks, the main thread ends
     up computing denormals as the pool does."""
-    one = accel.denormals(1)
+    one = device.denormals(1)
     for flush in ("auto", "false", "true"):
         train(train_cfg(*FIT_ONLY, "trainer.accelerator=cpu", f"accel.flush_denormal={flush}"))
-        modes = accel.thread_modes()
+        modes = device.thread_modes()
         assert modes != "mixed"
-        assert (accel.count_denormals(one * 2.0) == 0) is (modes == "flushed")
+        assert (device.count_denormals(one * 2.0) == 0) is (modes == "flushed")
 
 
 def test_flush_denormal_resolves_to_what_the_cpu_can_do(train_cfg) -> None:

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, open_dict
 
-from lightspeed import device
+from lightspeed.device import can_flush, skip_repeated_cuda_probe, thread_modes
 
 
 def device_type(cfg: DictConfig) -> str:
@@ -59,13 +59,21 @@ def resolve(cfg: DictConfig) -> list[str]:
                 idle.append(f"data.{key}=true")
                 data[key] = False  # pinning without CUDA only earns a warning from the DataLoader
         idle += _resolve_optimizer_impl(cfg, device)
-        knobs = cfg.get("accel")
-        if knobs is not None and knobs.get("flush_denormal") == "auto":
-            knobs.flush_denormal = device == "cpu" and can_flush()
-        elif knobs is not None and knobs.get("flush_denormal") is True and not can_flush():
-            idle.append("accel.flush_denormal=true (this CPU cannot flush denormals)")
-            knobs.flush_denormal = False
+        idle += _resolve_flush_denormal(cfg, device)
     return idle
+
+
+def _resolve_flush_denormal(cfg: DictConfig, device: str) -> list[str]:
+    """`accel.flush_denormal`: auto is on for CPU runs where the CPU can flush; true where it cannot
+    is switched off with a note."""
+    knobs = cfg.get("accel")
+    wanted = None if knobs is None else knobs.get("flush_denormal")
+    if wanted == "auto":
+        knobs.flush_denormal = device == "cpu" and can_flush()
+    elif wanted is True and not can_flush():
+        knobs.flush_denormal = False
+        return ["accel.flush_denormal=true (this CPU cannot flush denormals)"]
+    return []
 
 
 def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
@@ -107,7 +115,7 @@ def apply_to_torch(cfg: DictConfig) -> None:
     CPU's denormal mode, and no NVML query per optimizer step where there is no GPU."""
     knobs = cfg.get("accel", {})
     torch.set_float32_matmul_precision(str(knobs.get("matmul_precision", "highest")))
-    device.skip_repeated_cuda_probe()
+    skip_repeated_cuda_probe()
     _flush_denormal(bool(knobs.get("flush_denormal", False)))
 
 
@@ -132,34 +140,6 @@ def _flush_denormal(flush: bool) -> None:
         "that; start it in a fresh process (a hydra -m sweep runs its jobs in one)"
         + (", or call torch.set_flush_denormal(True) before any torch work" if flush else "")
     )
-
-
-def can_flush() -> bool:
-    """Whether this CPU can flush denormals: torch's setter, given the calling thread's mode as it is,
-    changes nothing and says."""
-    return torch.set_flush_denormal(count_denormals(denormals(1) * 2.0) == 0)
-
-
-def thread_modes() -> str:
-    """`flushed` or `exact` when every CPU thread of torch's pool computes denormals the same way,
-    `mixed` when not: an elementwise product big enough that each thread computes a share (ATen splits
-    work in grains of 32768 elements), its denormals counted from their bits."""
-    n = 32768 * 2 * torch.get_num_threads()
-    kept = count_denormals(denormals(n) * 2.0)
-    return "flushed" if kept == 0 else "exact" if kept == n else "mixed"
-
-
-def denormals(n: int) -> torch.Tensor:
-    """n float32 denormals (1.5e-39), made from their bits: converting 1e-39 to float32 in a thread
-    that flushes would already give 0."""
-    return torch.full((n,), 1 << 20, dtype=torch.int32).view(torch.float32)
-
-
-def count_denormals(t: torch.Tensor) -> int:
-    """Denormal float32 values in `t`, read from their bits (exponent 0, mantissa not): a comparison
-    such as `t != 0` would itself treat them as 0 in a thread that flushes."""
-    bits = t.view(torch.int32)
-    return int((((bits & 0x7F800000) == 0) & ((bits & 0x007FFFFF) != 0)).sum())
 
 
 def apply_to_model(cfg: DictConfig, model: L.LightningModule, dm: Any) -> None:

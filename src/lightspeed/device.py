@@ -1,4 +1,5 @@
-"""Facts about the device a run trains on: name, memory, capability, dense peak FLOP/s.
+"""Facts about the device a run trains on: name, memory, capability, dense peak FLOP/s, how the CPU
+threads compute denormal numbers.
 
 One module that doctor, the speed report and the data loaders' `auto` settings read.
 """
@@ -76,3 +77,31 @@ def skip_repeated_cuda_probe() -> None:
         return
     if torch.cuda.device_count() == 0:
         os.environ[NVML_CHECK] = "0"
+
+
+def can_flush() -> bool:
+    """Whether this CPU can flush denormals: torch's setter, given the calling thread's mode as it is,
+    changes nothing and says."""
+    return torch.set_flush_denormal(count_denormals(denormals(1) * 2.0) == 0)
+
+
+def thread_modes() -> str:
+    """`flushed` or `exact` when every CPU thread of torch's pool computes denormals the same way,
+    `mixed` when not: an elementwise product big enough that each thread computes a share (ATen splits
+    work in grains of 32768 elements), its denormals counted from their bits."""
+    n = 32768 * 2 * torch.get_num_threads()
+    kept = count_denormals(denormals(n) * 2.0)
+    return "flushed" if kept == 0 else "exact" if kept == n else "mixed"
+
+
+def denormals(n: int) -> torch.Tensor:
+    """n float32 denormals (1.5e-39), made from their bits: converting 1e-39 to float32 in a thread
+    that flushes would already give 0."""
+    return torch.full((n,), 1 << 20, dtype=torch.int32).view(torch.float32)
+
+
+def count_denormals(t: torch.Tensor) -> int:
+    """Denormal float32 values in `t`, read from their bits (exponent 0, mantissa not): a comparison
+    such as `t != 0` would itself treat them as 0 in a thread that flushes."""
+    bits = t.view(torch.int32)
+    return int((((bits & 0x7F800000) == 0) & ((bits & 0x007FFFFF) != 0)).sum())
