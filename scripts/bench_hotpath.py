@@ -15,6 +15,9 @@ here each piece is timed on its own: the old and the new version of it alternate
   parameter at a time, on CUDA foreach) against fused: on a GPU this decides `accel.optimizer_impl=auto`;
 - Lightning's dispatch of the per-batch callback hooks with the default callbacks: every hook of every
   callback (Lightning's own way) against only the ones that do something (`lightspeed.hooks`);
+- Lightning naming the running hook on the LightningModule (`_current_fx_name`, set and restored around
+  each module and callback hook: 28 times a training step with the default callbacks, counted):
+  `nn.Module.__setattr__` against the instance dict (`lightspeed.hooks.CheapHookNames`);
 - the CUDA check in every optimizer step: under Lightning's NVML-based check (which, with torch's CUDA
   build and no GPU, asks NVML each time) against torch's cached one (`device.skip_repeated_cuda_probe`);
 - the wide MLP's fused AdamW step once most of its momentum has decayed into denormals (dead ReLU
@@ -177,6 +180,23 @@ class _Module(torch.nn.Module):
     _current_fx_name: str | None = None
 
 
+FX_NAME_SETS = 28  # a training step, default callbacks, small MLP: 14 hooks named, each name restored
+
+
+def hook_names(cheap: bool) -> Callable[[], None]:
+    """A training step's worth of hook names set on a LightningModule, and restored, as Lightning does."""
+    import lightning as L
+
+    module = type("Cheap", (hooks.CheapHookNames, L.LightningModule), {})() if cheap else L.LightningModule()
+
+    def step() -> None:
+        for _ in range(FX_NAME_SETS // 2):
+            module._current_fx_name = "training_step"
+            module._current_fx_name = None
+
+    return step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
@@ -234,6 +254,12 @@ def main() -> None:
         f"callback hooks inherited empty: {sum(empty.values())} calls a step (Lightning's way -> none)",
         hook_dispatch(empty, prune=False),
         hook_dispatch(empty, prune=True),
+        args,
+    )
+    compare(
+        f"hook name on the module, {FX_NAME_SETS} sets a step (nn.Module.__setattr__ -> instance dict)",
+        hook_names(cheap=False),
+        hook_names(cheap=True),
         args,
     )
     nvml = os.environ.get(device_facts.NVML_CHECK)

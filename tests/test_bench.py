@@ -62,7 +62,7 @@ def test_hotpath_bench_times_each_piece_old_against_new(tmp_path: Path) -> None:
         for line in proc.stdout.splitlines()
         if line.startswith("| ") and "us)" not in line
     ]
-    assert len(rows) == 8  # on a CPU: every row
+    assert len(rows) == 9  # on a CPU: every row
     assert all(float(old) > 0 and float(new) > 0 for _, old, new, _ in rows)
     removed = re.search(r"inherited empty: (\d+) calls a step", proc.stdout)
     assert removed and int(removed[1]) > 20  # most of the default callbacks' per-batch hooks are empty

@@ -277,3 +277,33 @@ def test_skip_empty_leaves_overridden_and_instance_hooks_alone() -> None:
     assert "on_after_backward" not in skipped and cb.on_after_backward is not None
     assert "on_train_batch_end" not in skipped and cb.on_train_batch_end is own
     assert "on_before_backward" in skipped and cb.on_before_backward is None
+
+
+def test_hook_name_is_set_without_module_setattr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's hook name goes straight into the instance dict; every other attribute still takes
+    nn.Module's path (a submodule set on the model is registered)."""
+    import inspect
+
+    import lightning as L
+
+    from lightspeed.models.classifier import Classifier
+
+    # the shortcut is exact only while Lightning keeps the name as a plain instance attribute
+    assert inspect.getattr_static(L.LightningModule, "_current_fx_name", None) is None
+    model = Classifier(
+        {"name": "mlp", "hidden": [8], "dropout": 0.0}, {"name": "AdamW"}, {"name": "none"}, 3, [4]
+    )
+    assert model.__dict__["_current_fx_name"] is None  # where LightningModule.__init__ put it
+    head = torch.nn.Linear(3, 3)
+    seen: list[str] = []
+    module_setattr = torch.nn.Module.__setattr__
+
+    def counting(self: torch.nn.Module, name: str, value: object) -> None:
+        seen.append(name)
+        module_setattr(self, name, value)
+
+    monkeypatch.setattr(torch.nn.Module, "__setattr__", counting)
+    model._current_fx_name = "training_step"
+    assert model.__dict__["_current_fx_name"] == "training_step" and seen == []
+    model.head = head
+    assert seen == ["head"] and "head" in model._modules and "head" not in model.__dict__

@@ -52,3 +52,20 @@ def skip_empty(obj: Any, base: type, names: tuple[str, ...] = TRAINING + EVALUAT
 def skip_empty_in_module(module: Any) -> list[str]:
     """`skip_empty` for a LightningModule: its training hooks only (see EVALUATION)."""
     return skip_empty(module, L.LightningModule, TRAINING)
+
+
+class CheapHookNames:
+    """Sets Lightning's hook name on the module without `nn.Module.__setattr__`.
+
+    Lightning names each LightningModule hook it calls on the module (`_current_fx_name`, set before the
+    call and restored after, for `self.log`): two `nn.Module.__setattr__` a call, each checking the value
+    against parameters, buffers and submodules (~3 us on this CPU), ~16 a training step. A string is never
+    one of those, so the name goes straight into the instance's dict, where `nn.Module` would put it too.
+    Every other attribute takes `nn.Module`'s path as before.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_current_fx_name":
+            self.__dict__[name] = value
+            return
+        super().__setattr__(name, value)

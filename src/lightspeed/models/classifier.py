@@ -16,13 +16,14 @@ from torch import Tensor
 
 from lightspeed import ranks
 from lightspeed.config import ConfigError
+from lightspeed.hooks import CheapHookNames
 from lightspeed.models.metrics import Accuracy
 from lightspeed.models.nets import build_net
 
 SCHEDULERS = ("none", "cosine", "onecycle")
 
 
-class Classifier(L.LightningModule):
+class Classifier(CheapHookNames, L.LightningModule):
     """All arguments are plain containers, so `save_hyperparameters` stores only plain data and every
     checkpoint loads with `torch.load(..., weights_only=True)`."""
 
