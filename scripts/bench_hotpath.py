@@ -257,7 +257,8 @@ def main() -> None:
         args,
     )
     compare(
-        f"hook name on the module, {FX_NAME_SETS} sets a step (nn.Module.__setattr__ -> instance dict)",
+        f"hook name on the module, {FX_NAME_SETS} sets a step with the default callbacks "
+        "(nn.Module.__setattr__ -> instance dict)",
         hook_names(cheap=False),
         hook_names(cheap=True),
         args,

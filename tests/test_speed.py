@@ -286,10 +286,14 @@ def test_hook_name_is_set_without_module_setattr(monkeypatch: pytest.MonkeyPatch
 
     import lightning as L
 
+    from lightspeed.hooks import CheapHookNames
     from lightspeed.models.classifier import Classifier
 
-    # the shortcut is exact only while Lightning keeps the name as a plain instance attribute
+    # the shortcut is exact only while Lightning keeps the name as a plain instance attribute and no
+    # class between it and nn.Module has a __setattr__ of its own that it would bypass
     assert inspect.getattr_static(L.LightningModule, "_current_fx_name", None) is None
+    setters = [c for c in Classifier.__mro__ if "__setattr__" in vars(c)]
+    assert setters == [CheapHookNames, torch.nn.Module, object]
     model = Classifier(
         {"name": "mlp", "hidden": [8], "dropout": 0.0}, {"name": "AdamW"}, {"name": "none"}, 3, [4]
     )

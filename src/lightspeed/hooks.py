@@ -57,15 +57,16 @@ def skip_empty_in_module(module: Any) -> list[str]:
 class CheapHookNames:
     """Sets Lightning's hook name on the module without `nn.Module.__setattr__`.
 
-    Lightning names each LightningModule hook it calls on the module (`_current_fx_name`, set before the
-    call and restored after, for `self.log`): two `nn.Module.__setattr__` a call, each checking the value
-    against parameters, buffers and submodules (~3 us on this CPU), ~16 a training step. A string is never
-    one of those, so the name goes straight into the instance's dict, where `nn.Module` would put it too.
-    Every other attribute takes `nn.Module`'s path as before.
+    Lightning names the running hook on the LightningModule (`_current_fx_name`, for `self.log`) before
+    and after each module, callback and strategy hook it calls (trainer/call.py): ~28 sets a training step
+    with the default callbacks, each through `nn.Module.__setattr__`, which checks the value against
+    parameters, buffers and submodules (~2.5 us on this CPU). A name (a string, or None) is none of those,
+    so it goes straight into the instance's dict, where `nn.Module` would put it too. Every other
+    attribute, and any other value, takes `nn.Module`'s path as before.
     """
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "_current_fx_name":
+        if name == "_current_fx_name" and (value is None or type(value) is str):
             self.__dict__[name] = value
             return
         super().__setattr__(name, value)
