@@ -113,19 +113,21 @@ def uninterrupted(tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Ten
     for loader in ("data.on_device=true", "data.num_workers=1"):
         out = tmp_path_factory.mktemp("whole")
         cfg = compose_config("train", [*EXACT, loader, f"paths.output_dir={out}"], out / "logs")
-        weights = {k: v.clone() for k, v in train(cfg).model.state_dict().items()}
-        runs[loader] = (out / "csv" / "version_0" / "metrics.csv", weights)
+        result = train(cfg)
+        weights = {k: v.clone() for k, v in result.model.state_dict().items()}
+        runs[loader] = (out / "csv" / "version_0" / "metrics.csv", weights, result.metrics)
     return runs
 
 
-# steps 3 and 11: mid-epoch; 8: an epoch's last batch (saved after its validation); 19: mid final epoch
-@pytest.mark.parametrize("step", [3, 8, 11, 19])
+# steps 3 and 11: mid-epoch; 8: an epoch's last batch (saved after its validation); 19: mid final epoch;
+# 22: after the final epoch's last logging step (the resumed stretch logs no loss of its own)
+@pytest.mark.parametrize("step", [3, 8, 11, 19, 22])
 @pytest.mark.parametrize("loader", ["data.on_device=true", "data.num_workers=1"])
 def test_a_preempted_and_resumed_run_is_bit_identical_to_an_uninterrupted_one(
     train_cfg, tmp_path: Path, uninterrupted, step: int, loader: str
 ) -> None:
-    """Weights, and every metric logged from the resume on, step by step."""
-    whole_csv, whole_weights = uninterrupted[loader]
+    """Weights, every metric logged from the resume on, step by step, and the metrics the run reports."""
+    whole_csv, whole_weights, whole_metrics = uninterrupted[loader]
     cut = [*EXACT, loader, f"paths.output_dir={tmp_path / 'cut'}"]
     with pytest.raises(SystemExit):
         train(train_cfg(*cut), [Fault("sigterm", step=step - 1)])  # saved once step `step` is done
@@ -137,6 +139,7 @@ def test_a_preempted_and_resumed_run_is_bit_identical_to_an_uninterrupted_one(
     whole = _logged(whole_csv)
     assert after and all(whole[key] == value for key, value in after.items())
     assert {key for key in whole if int(key[0]) >= step} <= set(after)  # nothing it should log is missing
+    assert resumed.metrics == whole_metrics  # summary.json's, and the latest loss the bar showed
 
 
 @pytest.mark.slow

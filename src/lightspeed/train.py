@@ -122,12 +122,15 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
     metrics: dict[str, float] = {
         k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
     }
-    if start_info is not None and trainer.global_step == start_info["global_step"]:
-        rank_zero_info(
-            f"nothing left to train: {ckpt_path} had already finished; testing its best checkpoint again "
-            "(run_name=<new name> trains a new run)"
-        )
-        metrics = {**start_info["metrics"], **metrics}  # what the finished run last measured
+    if start_info is not None:
+        # What the run last measured before the checkpoint, where this attempt has not measured it again
+        # (a resumed stretch after the last logging step logs no loss): as an uninterrupted run reports.
+        metrics = {**start_info["metrics"], **metrics}
+        if trainer.global_step == start_info["global_step"]:
+            rank_zero_info(
+                f"nothing left to train: {ckpt_path} had already finished; testing its best checkpoint "
+                "again (run_name=<new name> trains a new run)"
+            )
     tested = cfg.get("test_after_fit", True)
     if tested:
         # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.

@@ -93,14 +93,15 @@ class Classifier(CheapHookNames, L.LightningModule):
         loss = F.cross_entropy(logits, y)
         self.train_acc.update(logits, y)  # on the device, every step; computed once, at epoch end
         # self.log costs ~0.1-0.5 ms of Python per call: the loss is logged only when the logger will write
-        # (every trainer.log_every_n_steps; Lightning's own test of that), and the accuracy, a Metric
-        # that Lightning computes, logs and resets at the epoch's end, is registered once an epoch, on
-        # the first step the epoch trains here (its first batch, or the first after a mid-epoch resume).
+        # (every trainer.log_every_n_steps; Lightning's own test of that) and on each epoch's first batch
+        # (the bar shows it from the start), so at the same steps whether or not the run was resumed in
+        # between. The accuracy, a Metric that Lightning computes, logs and resets at the epoch's end, is
+        # registered once an epoch, on the first step the epoch trains here (its first batch, or the
+        # first after a mid-epoch resume).
         if self._logged_epoch != self.current_epoch:
             self._logged_epoch = self.current_epoch
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
-            self.log("train/loss", loss, prog_bar=True)
-        elif self.trainer._logger_connector.should_update_logs:
+        if batch_idx == 0 or self.trainer._logger_connector.should_update_logs:
             self.log("train/loss", loss, prog_bar=True)
         return loss
 
