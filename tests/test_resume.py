@@ -107,7 +107,7 @@ def _logged(run: Path) -> dict[tuple[str, str], str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Tensor]]]:
+def uninterrupted(tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Tensor], dict[str, float]]]:
     """One uninterrupted run per loader, shared by the resume cases."""
     runs = {}
     for loader in ("data.on_device=true", "data.num_workers=1"):

@@ -47,7 +47,8 @@ class Classifier(CheapHookNames, L.LightningModule):
 
     # The epoch's training accuracy so far travels with a mid-epoch checkpoint, so that a resumed epoch
     # reports the accuracy over all its batches, as an uninterrupted one does. The latest metrics travel
-    # too: a run resumed after its training had finished reports them instead of none.
+    # too: a resumed run reports them where it has not measured them again (after its training had
+    # finished, or resumed past the last logging step), as an uninterrupted run would.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         pending = getattr(self, "_restored_train_acc", None)
         if pending is not None:  # saved right after a restore, before on_train_start applied it
