@@ -16,7 +16,7 @@ here each piece is timed on its own: the old and the new version of it alternate
 - Lightning's dispatch of the per-batch callback hooks with the default callbacks: every hook of every
   callback (Lightning's own way) against only the ones that do something (`lightspeed.hooks`);
 - Lightning naming the running hook on the LightningModule (`_current_fx_name`, set and restored around
-  each module and callback hook: 28 times a training step with the default callbacks, counted):
+  each module, callback and strategy hook: 28 times a training step with the default callbacks, counted):
   `nn.Module.__setattr__` against the instance dict (`lightspeed.hooks.CheapHookNames`);
 - the CUDA check in every optimizer step: under Lightning's NVML-based check (which, with torch's CUDA
   build and no GPU, asks NVML each time) against torch's cached one (`device.skip_repeated_cuda_probe`);
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer import call
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
@@ -185,9 +185,7 @@ FX_NAME_SETS = 28  # a training step, default callbacks, small MLP: 14 hooks nam
 
 def hook_names(cheap: bool) -> Callable[[], None]:
     """A training step's worth of hook names set on a LightningModule, and restored, as Lightning does."""
-    import lightning as L
-
-    module = type("Cheap", (hooks.CheapHookNames, L.LightningModule), {})() if cheap else L.LightningModule()
+    module = type("Cheap", (hooks.CheapHookNames, LightningModule), {})() if cheap else LightningModule()
 
     def step() -> None:
         for _ in range(FX_NAME_SETS // 2):
