@@ -13,7 +13,9 @@ from typing import Any
 import lightning as L
 import torch
 
+from lightspeed.accel import compiled_frames
 from lightspeed.data import DigitsDataModule
+from lightspeed.models.classifier import Classifier
 
 
 class AutocastProbe(L.Callback):
@@ -155,3 +157,132 @@ class Snapshot(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if trainer.global_step == self.step + 1:
             self.after = self._take(trainer, pl_module)
+
+
+#: Tensor methods that read a value back to the host: on a GPU each one waits for all queued work.
+SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__float__", "__int__", "__index__")
+
+
+class SyncCounter(L.Callback):
+    """Counts, per training batch, every call that would synchronise a GPU with the host: the tensor
+    reads in `SYNC_METHODS`, `torch.nonzero`, `torch.cuda.synchronize`, and `torch.tensor(..., device=...)`
+    (host data copied to the device: a blocking copy on a GPU). On a CUDA device
+    `torch.cuda.set_sync_debug_mode("warn")` also reports the syncs these wrappers cannot see (boolean
+    mask indexing inside torch, blocking copies), each counted as a `cuda:` event.
+
+    A batch's window runs from its `on_train_batch_start` to the next one's: the step, every hook after
+    it, the logger's update and the fetch of the next batch. `events[batch] = [where, ...]` for the
+    batches that synchronised, where is `method at file:line` of the first frame outside torch."""
+
+    def __init__(self) -> None:
+        self.events: dict[int, list[str]] = {}
+        self.logging_batches: set[int] = set()  # global batch numbers where Lightning's logger writes
+        self.epoch_edges: set[int] = set()  # global batch numbers of each epoch's first and last batch
+        self.batches = 0
+        self._batch: int | None = None
+        self._undo: list[Any] = []
+
+    def _record(self, what: str) -> None:
+        if self._batch is None:
+            return
+        import traceback
+
+        frames = [f for f in traceback.extract_stack()[:-2] if "/torch/" not in f.filename]
+        where = f"{frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].lineno}" if frames else "?"
+        self.events.setdefault(self._batch, []).append(f"{what} at {where}")
+
+    def _wrap(self, owner: Any, name: str) -> None:
+        original = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            # torch.tensor(...) without a device stays on the host: only one made for a device is a copy
+            if name != "tensor" or kwargs.get("device") is not None:
+                self._record(name)
+            return original(*args, **kwargs)
+
+        setattr(owner, name, counted)
+        self._undo.append((owner, name, original))
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """First in line, so that a batch's window opens before any other callback's batch hooks run
+        (removed from its place and put first: the hook loop over the list visits nobody twice)."""
+        trainer.callbacks.remove(self)
+        trainer.callbacks.insert(0, self)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for name in SYNC_METHODS:
+            self._wrap(torch.Tensor, name)
+        self._wrap(torch, "nonzero")
+        self._wrap(torch, "tensor")
+        self._wrap(torch.cuda, "synchronize")
+        if trainer.strategy.root_device.type == "cuda":
+            import warnings
+
+            torch.cuda.set_sync_debug_mode("warn")
+            self._warnings = warnings.catch_warnings(record=True)
+            self._caught = self._warnings.__enter__()
+            warnings.simplefilter("always")
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._drain_cuda_warnings()
+        self._batch = self.batches
+        if batch_idx == 0:
+            self.epoch_edges.add(self.batches)
+        if (trainer.global_step + 1) % trainer.log_every_n_steps == 0:  # Lightning's should_update_logs
+            self.logging_batches.add(self.batches)
+        self.batches += 1
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.epoch_edges.add(self.batches - 1)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._drain_cuda_warnings()
+        self._batch = None
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo = []
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+            self._warnings.__exit__(None, None, None)
+
+    def _drain_cuda_warnings(self) -> None:
+        caught = getattr(self, "_caught", None)
+        if not caught:
+            return
+        for w in caught:
+            if "synchroniz" in str(w.message):
+                self._record(f"cuda: {str(w.message).splitlines()[0][:80]}")
+        caught.clear()
+
+
+class ReadsLoss(Classifier):
+    """The Classifier with a `loss.item()` in every training step: what the sync-count test must catch."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        loss.item()
+        return loss
+
+
+class CompileProbe(L.Callback):
+    """How many frames torch.compile compiled inside each training batch (`train`, one entry a batch)
+    and inside each validation run (`val`, one entry a validation, the sanity check included)."""
+
+    def __init__(self) -> None:
+        self.train: list[int] = []
+        self.val: list[int] = []
+        self._at = 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._at = compiled_frames()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.train.append(compiled_frames() - self._at)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._at = compiled_frames()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.val.append(compiled_frames() - self._at)

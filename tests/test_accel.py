@@ -41,6 +41,11 @@ def test_presets_compose_to_what_they_promise(train_cfg) -> None:
         "fused",
         "auto",
     )
+    assert (default.data.on_device, default.accel.channels_last, default.data.drop_last) == (
+        "auto",
+        "auto",
+        True,
+    )
     assert train_cfg().trainer.precision == "auto"  # accel=default is the default
     assert (off.accel.flush_denormal, default.accel.flush_denormal) == (False, "auto")
 
@@ -81,6 +86,7 @@ def test_gpu_only_knobs_on_a_cpu_are_no_ops_with_one_info_line(train_cfg, caplog
             train_cfg(
                 *FIT_ONLY,
                 "trainer.accelerator=cpu",
+                "data.on_device=false",  # the DataLoader path, where pinning would apply
                 "data.pin_memory=true",
                 "data.non_blocking=true",
                 "trainer.benchmark=true",

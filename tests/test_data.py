@@ -118,3 +118,67 @@ def test_auto_num_workers_shares_the_cpus_among_devices(monkeypatch) -> None:
     monkeypatch.setattr("lightspeed.data.base.cpu_count", lambda: 2)
     assert auto_num_workers(1) == 1
     assert auto_num_workers(1, "cpu") == 0  # workers would compete with the computation for the cores
+
+
+@pytest.mark.parametrize("on_device", [True, False], ids=["device loader", "DataLoader"])
+def test_training_batches_are_all_full_and_evaluation_sees_every_sample(on_device: bool) -> None:
+    dm = DigitsDataModule(batch_size=64, num_workers=0, on_device=on_device)  # 1258 = 19 x 64 + 42
+    dm.setup()
+    train = [len(y) for _, y in dm.train_dataloader()]
+    assert train == [64] * 19 and len(dm.train_dataloader()) == 19
+    assert sum(len(y) for _, y in dm.val_dataloader()) == 180  # 64 + 64 + 52
+    kept = DigitsDataModule(batch_size=64, num_workers=0, on_device=on_device, drop_last=False)
+    kept.setup()
+    assert [len(y) for _, y in kept.train_dataloader()][-1] == 42
+
+
+def test_a_batch_larger_than_the_training_split_is_a_config_error() -> None:
+    dm = DigitsDataModule(batch_size=1259)
+    with pytest.raises(ConfigError, match=r"^data.batch_size=1259 is larger than the 1258 training samples"):
+        dm.setup("fit")
+    DigitsDataModule(batch_size=1259, drop_last=False).setup("fit")  # a single partial batch: allowed
+    DigitsDataModule(batch_size=1259).setup("test")  # evaluation drops nothing
+
+
+def _on_cuda(dm: DigitsDataModule, monkeypatch, free_gib: float) -> None:
+    """What the DataModule reads of a CUDA device: the strategy's device and its free memory."""
+    dm.trainer = SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)),
+        num_devices=1,
+        world_size=1,
+        global_rank=0,
+    )
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free_gib * 2**30), 80 * 2**30))
+
+
+def test_on_device_auto_keeps_data_that_fits_on_the_gpu_and_says_so(monkeypatch, caplog) -> None:
+    import logging
+
+    for free_gib, expected in ((1.0, True), (0.0005, False)):  # digits: ~0.46 MiB of tensors
+        dm = DigitsDataModule(on_device="auto")
+        dm.setup()
+        _on_cuda(dm, monkeypatch, free_gib)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            assert dm.uses_device_loader() is expected
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data.on_device=auto")]
+        assert len(lines) == 1
+        assert ("batches are sliced on the device" in lines[0]) is expected
+        assert ("using a DataLoader" in lines[0]) is not expected
+    dm = DigitsDataModule(on_device=True)
+    dm.setup()
+    _on_cuda(dm, monkeypatch, 0.0005)
+    with pytest.raises(ConfigError, match=r"set data\.on_device=auto or false"):
+        dm.uses_device_loader()
+
+
+def test_default_preset_serves_in_memory_data_from_memory_and_off_uses_a_dataloader(train_cfg) -> None:
+    from conftest import TINY
+    from lightspeed.train import train
+
+    fit = [*TINY, "trainer.max_epochs=1", "test_after_fit=false"]
+    assert type(train(train_cfg(*fit)).trainer.train_dataloader).__name__ == "DeviceLoader"
+    off = train(train_cfg(*fit, "accel=off")).trainer.train_dataloader
+    assert type(off).__name__ == "ResumableDataLoader"
+    workers = train(train_cfg(*fit, "data.num_workers=1")).trainer.train_dataloader  # asked for by name
+    assert type(workers).__name__ == "ResumableDataLoader" and workers.num_workers == 1

@@ -89,10 +89,10 @@ EXACT = [
     "data=synthetic",
     "data.num_samples=600",
     "data.shape=[3,8,8]",
-    "data.batch_size=64",  # 480 train samples: 7 full batches and one of 32
+    "data.batch_size=64",  # 480 train samples: 7 full batches (the 32 left over change every epoch)
     "++trainer.limit_train_batches=null",
     "trainer.max_epochs=3",
-    "trainer.log_every_n_steps=5",  # some resumed stretches have no logging step of their own
+    "trainer.log_every_n_steps=6",  # some resumed stretches have no logging step of their own
     "model=mlp",
     "model.net.dropout=0.3",  # dropout and random crops/flips: the RNG matters
     "trainer.deterministic=true",
@@ -119,9 +119,9 @@ def uninterrupted(tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Ten
     return runs
 
 
-# steps 3 and 11: mid-epoch; 8: an epoch's last batch (saved after its validation); 19: mid final epoch;
-# 22: after the final epoch's last logging step (the resumed stretch logs no loss of its own)
-@pytest.mark.parametrize("step", [3, 8, 11, 19, 22])
+# steps 3 and 10: mid-epoch; 7: an epoch's last batch (saved after its validation); 16: mid final epoch;
+# 20: after the final epoch's last logging step, 18 (the resumed stretch logs no loss of its own)
+@pytest.mark.parametrize("step", [3, 7, 10, 16, 20])
 @pytest.mark.parametrize("loader", ["data.on_device=true", "data.num_workers=1"])
 def test_a_preempted_and_resumed_run_is_bit_identical_to_an_uninterrupted_one(
     train_cfg, tmp_path: Path, uninterrupted, step: int, loader: str
@@ -132,7 +132,7 @@ def test_a_preempted_and_resumed_run_is_bit_identical_to_an_uninterrupted_one(
     with pytest.raises(SystemExit):
         train(train_cfg(*cut), [Fault("sigterm", step=step - 1)])  # saved once step `step` is done
     resumed = train(train_cfg(*cut))  # the same command again
-    assert resumed.trainer.global_step == 24
+    assert resumed.trainer.global_step == 21
     for key, value in whole_weights.items():
         assert torch.equal(value, resumed.model.state_dict()[key]), key
     after = _logged(tmp_path / "cut" / "csv" / "version_1" / "metrics.csv")  # the resumed attempt's log

@@ -311,3 +311,17 @@ def test_hook_name_is_set_without_module_setattr(monkeypatch: pytest.MonkeyPatch
     assert model.__dict__["_current_fx_name"] == "training_step" and seen == []
     model.head = head
     assert seen == ["head"] and "head" in model._modules and "head" not in model.__dict__
+
+
+def test_auto_warmup_waits_for_the_step_time_to_settle_and_max_timed_steps_ends_the_run(
+    train_cfg, run_dir: Path
+) -> None:
+    from lightspeed.steady import WINDOW
+
+    overrides = ["callbacks.speed_report.warmup_steps=auto", "+callbacks.speed_report.max_timed_steps=6"]
+    cfg = train_cfg(*TINY, *overrides, "test_after_fit=false", "trainer.max_epochs=3", "trainer.min_epochs=0")
+    cfg.trainer.limit_train_batches = 1.0  # 19 batches an epoch
+    result = train(cfg)
+    r = speed_of(run_dir)
+    assert r["warmup_steps"] >= 2 * WINDOW and r["warmup_seconds"] > 0
+    assert r["timed_steps"] == 6 and result.trainer.global_step == r["warmup_steps"] + 6

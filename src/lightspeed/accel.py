@@ -58,6 +58,11 @@ def resolve(cfg: DictConfig) -> list[str]:
             elif data.get(key) is True and not cuda:
                 idle.append(f"data.{key}=true")
                 data[key] = False  # pinning without CUDA only earns a warning from the DataLoader
+        knobs = cfg.get("accel")
+        if knobs is not None and knobs.get("channels_last") == "auto":
+            # cuDNN's NHWC convolutions: 1.64x for the bench ResNet on an H200 (docs/performance.md);
+            # on a CPU the NCHW kernels are the tuned ones
+            knobs.channels_last = cuda
         idle += _resolve_optimizer_impl(cfg, device)
         idle += _resolve_flush_denormal(cfg, device)
     return idle
@@ -176,3 +181,12 @@ def compile_problem(backend: str, device: str) -> str | None:
     except Exception as err:  # any failure means: do not compile
         return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     return None
+
+
+def compiled_frames() -> int:
+    """How many times torch.compile has compiled a frame in this process so far, first compiles and
+    recompiles alike (dynamo's own counter): a difference between two readings around steady-state
+    steps is the number of recompiles there, each seconds of lost time."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"])

@@ -98,6 +98,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.non_blocking": _bool_or_auto(),
     "data.on_device": _bool_or_auto(),
     "data.persistent_workers": (lambda v: isinstance(v, bool), "true or false"),
+    "data.drop_last": (lambda v: isinstance(v, bool), "true or false"),
     "data.prefetch_factor": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1 or null"),
     "data.val_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
     "data.test_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
@@ -105,7 +106,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.augment.flip": (lambda v: isinstance(v, bool), "true or false"),
     "model.optimizer.lr": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "accel.matmul_precision": _one_of("highest", "high", "medium"),
-    "accel.channels_last": (lambda v: isinstance(v, bool), "true or false"),
+    "accel.channels_last": _bool_or_auto(),
     "accel.compile": (lambda v: isinstance(v, bool), "true or false"),
     "accel.compile_mode": _one_of("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "accel.compile_backend": (
@@ -118,6 +119,10 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "callbacks.nonfinite.check_every_n_steps": _int_at_least(1),
     "callbacks.nonfinite.max_consecutive_skips": _int_at_least(1),
     "callbacks.preemption.check_every_n_steps": _int_at_least(1),
+    "callbacks.speed_report.warmup_steps": (
+        lambda v: v == "auto" or (_is_int(v) and v >= 0),
+        "auto (until the step time settles) or an integer >= 0",
+    ),
     "callbacks.preemption.signals": (
         lambda v: isinstance(v, Sequence) and all(s in _SIGNALS for s in v),
         "a list of " + ", ".join(_SIGNALS),

@@ -17,10 +17,10 @@ ADVICE = "try a lower model.optimizer.lr, trainer.gradient_clip_val=1.0, bf16-mi
 
 class NonFiniteGuard(L.Callback):
     """`action=stop`: every step keeps a reference to its loss (no kernel, no host sync); the kept
-    losses are read, in one sync, every `check_every_n_steps` steps, before every checkpoint is written
-    and when training ends. A non-finite loss stops the run with the step it happened at, and no
-    checkpoint holding the weights it produced is ever written. Under DDP the ranks reduce the flag,
-    so all of them stop together.
+    losses are read, in one sync, at every `check_every_n_steps`-th optimizer step, before every
+    checkpoint is written and when training ends. A non-finite loss stops the run with the step it
+    happened at, and no checkpoint holding the weights it produced is ever written. Under DDP the
+    ranks reduce the flag, so all of them stop together.
 
     `action=skip`: before each optimizer step the gradient norm is read (one host sync per step: the
     price of deciding in time), and a non-finite one drops the update: the gradients are cleared, so
@@ -43,6 +43,7 @@ class NonFiniteGuard(L.Callback):
         self._consecutive = 0
         self._losses: list[Tensor] | None = None  # stop: the losses since the last check
         self._steps: list[tuple[int, int]] = []  # (step, epoch) of each kept loss
+        self._checked_at = -1  # the optimizer step of the last cadence check
         self._saved_buffers: list[Tensor] = []  # skip: the buffers as they were before this step
         # The hooks the other action needs are not called at all (Lightning skips a hook set to None).
         unused = (
@@ -70,7 +71,11 @@ class NonFiniteGuard(L.Callback):
         # a reference costs nothing on the device (copying it into a buffer was a kernel a step).
         self._losses.append(loss.detach())
         self._steps.append((trainer.global_step, trainer.current_epoch))
-        if len(self._steps) == self.check_every_n_steps:
+        # At optimizer steps that are multiples of the cadence, as Lightning's logging steps are: with
+        # equal cadences the two reads fall on one step, and the second waits for nothing.
+        step = trainer.global_step
+        if step % self.check_every_n_steps == 0 and step != self._checked_at:
+            self._checked_at = step
             self._check(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:

@@ -1,4 +1,4 @@
-"""Lightning's RichProgressBar, touched on a clock instead of on every step."""
+"""Lightning's RichProgressBar, touched on a clock, showing metrics read at logging steps only."""
 
 from __future__ import annotations
 
@@ -7,31 +7,50 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
+from torch import Tensor
 
 
 class ProgressBar(RichProgressBar):
-    """Advances the bar and reads the logged metrics at most `refresh_rate` times a second.
+    """Advances the bar at most `refresh_rate` times a second, and shows the training metrics as they
+    were at the last logging step (every `trainer.log_every_n_steps`), each epoch's first and last batch.
 
-    Lightning 2.6's RichProgressBar redraws in a background thread `refresh_rate` times a second, but
-    after every training step it updates the task (a lock and a dict) and reads every metric with
-    `.item()`: a host-device sync per step on a GPU. Here a step costs one clock read unless a redraw is
-    due; the epoch's last step always updates, so the bar ends on the true count.
+    Lightning 2.6's RichProgressBar updates the task after every training step (a lock and a dict) and
+    reads every metric back from the device with `.item()`: on a GPU, a wait for all queued work at each
+    step, while the logger reads them only on logging steps. Here the bar reads them on those steps
+    alone, when the logger has waited for them anyway. Step metrics logged with `prog_bar=False` (which
+    spares Lightning's own read of a bar metric after every batch) are shown too: every `train/*` value.
     """
 
     _last_update = float("-inf")
+    _shown: dict[str, Any] | None = None  # what the bar shows during training, read at logging steps
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        last = batch_idx + 1 == self.total_train_batches
+        if batch_idx == 0 or last or trainer.global_step % trainer.log_every_n_steps == 0:
+            self._shown = self._read_metrics(trainer, pl_module)
         now = time.monotonic()
-        due = now - self._last_update >= 1 / max(self.refresh_rate, 1e-9)
-        if not due and batch_idx + 1 != self.total_train_batches:
+        if now - self._last_update < 1 / max(self.refresh_rate, 1e-9) and not last:
             return
         self._last_update = now
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._shown = self._read_metrics(trainer, pl_module)  # the epoch's metrics, just computed
+        super().on_train_epoch_end(trainer, pl_module)
+
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float]:
-        """The logged metrics, without the logger's version number (each resumed attempt gets one)."""
-        metrics = super().get_metrics(trainer, pl_module)
+        if trainer.training and self._shown is not None:
+            return self._shown
+        return self._read_metrics(trainer, pl_module)
+
+    def _read_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        """The bar's metrics and every `train/*` value, as numbers, without the logger's version number
+        (each resumed attempt gets one)."""
+        metrics: dict[str, Any] = dict(super().get_metrics(trainer, pl_module))
         metrics.pop("v_num", None)
+        for key, value in trainer.callback_metrics.items():
+            if key.startswith("train/") and key not in metrics:
+                metrics[key] = value.item() if isinstance(value, Tensor) else value
         return metrics

@@ -22,6 +22,8 @@ from rich.table import Table
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightspeed import device as device_facts
+from lightspeed.accel import compiled_frames
+from lightspeed.steady import settled
 
 SPEED_FILE = "speed.json"
 
@@ -30,14 +32,19 @@ class SpeedReport(L.Callback):
     """Samples/s, step time (median, p95), the share of time spent waiting for data, peak memory,
     FLOPs per batch and MFU; a table, `speed.json` in the run directory, and `speed/*` in the loggers.
 
-    `warmup_steps` are left out (compilation, cuDNN autotuning, worker start-up). A one-line diagnosis
-    follows when waiting for data exceeds `data_wait_warn` of the time, or when a GPU run's model is too
-    small to keep the GPU busy.
+    `warmup_steps` are left out (compilation, cuDNN autotuning, worker start-up); `auto`: until the
+    step time settles (`lightspeed.steady`). `max_timed_steps` ends the run after that many timed steps
+    (`make bench`; once `trainer.min_epochs` allows). A one-line diagnosis follows when waiting for data
+    exceeds `data_wait_warn` of the time, when torch.compile recompiled during the timed steps, or when
+    a GPU run's model is too small to keep the GPU busy.
     """
 
-    def __init__(self, warmup_steps: int = 5, data_wait_warn: float = 0.2) -> None:
+    def __init__(
+        self, warmup_steps: int | str = 5, data_wait_warn: float = 0.2, max_timed_steps: int | None = None
+    ) -> None:
         self.warmup_steps = warmup_steps
         self.data_wait_warn = data_wait_warn
+        self.max_timed_steps = max_timed_steps
         self._reset()
 
     def _reset(self) -> None:
@@ -51,6 +58,13 @@ class SpeedReport(L.Callback):
         self._prev_end: float | None = None
         self._clock: float | None = None  # start of the current timed interval
         self._seen = 0
+        self.recompiles = 0  # torch.compile compiles inside the timed intervals
+        self._frames_at_clock = 0
+        self._warm_times: list[float] = []  # seconds between the warm-up steps' starts
+        self._warm_start: float | None = None
+        self._warmed_after: int | None = None  # steps before the first timed one
+        self._warm_times_origin = 0.0
+        self.warmup_seconds: float | None = None  # from the first batch to the first timed one
 
     # --- timing -----------------------------------------------------------------------------------
 
@@ -62,12 +76,14 @@ class SpeedReport(L.Callback):
     def _start_clock(self, trainer: L.Trainer) -> None:
         self._sync(trainer)
         self._clock = time.perf_counter()
+        self._frames_at_clock = compiled_frames()
 
     def _stop_clock(self, trainer: L.Trainer) -> None:
         if self._clock is not None:
             self._sync(trainer)
             self.train_seconds += time.perf_counter() - self._clock
             self._clock = None
+            self.recompiles += compiled_frames() - self._frames_at_clock
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
@@ -78,7 +94,18 @@ class SpeedReport(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
     ) -> None:
         now = time.perf_counter()
-        if self._seen == self.warmup_steps or (self._clock is None and self._seen > self.warmup_steps):
+        if self._warmed_after is None:
+            if self._warm_start is not None:
+                self._warm_times.append(now - self._warm_start)
+            else:
+                self._warm_times_origin = now
+            self._warm_start = now
+            auto = self.warmup_steps == "auto"
+            if (auto and settled(self._warm_times)) or (not auto and self._seen >= int(self.warmup_steps)):
+                self._warmed_after = self._seen
+                self._sync(trainer)
+                self.warmup_seconds = time.perf_counter() - self._warm_times_origin
+        if self._warmed_after is not None and self._clock is None:
             # the warm-up ends, or training resumes after validation and the checkpoint saves that follow it
             self._start_clock(trainer)
         elif self._clock is not None and self._prev_end is not None:
@@ -96,6 +123,8 @@ class SpeedReport(L.Callback):
                 self.step_times.append(now - self._prev_end)
             self.steps += 1
             self.samples += _batch_size(batch)
+            if self.max_timed_steps is not None and self.steps >= self.max_timed_steps:
+                trainer.should_stop = True
         self._prev_end = now if self._clock is not None else None
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -123,7 +152,8 @@ class SpeedReport(L.Callback):
             "devices": world,
             "precision": str(trainer.precision),
             "timed_steps": self.steps,
-            "warmup_steps": min(self.warmup_steps, self._seen),
+            "warmup_steps": self._seen if self._warmed_after is None else self._warmed_after,
+            "warmup_seconds": self.warmup_seconds,
             "samples": self.samples,
             "train_seconds": self.train_seconds,
             "samples_per_s": per_device * world if per_device else None,
@@ -133,6 +163,7 @@ class SpeedReport(L.Callback):
             "step_ms_p95": _quantile(self.step_times, 0.95) * 1e3 if self.step_times else None,
             "data_wait_share": sum(self.wait_times) / self.train_seconds if self.train_seconds > 0 else None,
             "flops_per_batch": self.flops_per_batch,
+            "recompiles": self.recompiles,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         }
         if dev.type == "cuda":
@@ -155,7 +186,13 @@ class SpeedReport(L.Callback):
             notes.append(
                 f"data loading takes {r['data_wait_share']:.0%} of training time: try more loader workers "
                 "(data.num_workers=auto, accel=default), pinned memory (data.pin_memory=true) or keeping the "
-                "data set on the device (data.on_device=auto, accel=max)"
+                "data set on the device (data.on_device=auto, as accel=default does)"
+            )
+        if r["recompiles"]:
+            notes.append(
+                f"torch.compile compiled {r['recompiles']} time(s) during the timed steps, seconds each: "
+                "a changing input shape or mode (see TORCH_LOGS=recompiles); keep data.drop_last=true, "
+                "or raise callbacks.speed_report.warmup_steps if it is the first compile"
             )
         if device_type == "cuda" and r["step_ms_mean"] is not None:
             small = r["step_ms_mean"] < 5 or (r["mfu"] is not None and r["mfu"] < 0.02)
@@ -232,6 +269,7 @@ def _table(r: dict[str, Any]) -> Table:
             f"{r['timed_steps']} steps after {r['warmup_steps']} warm-up steps, {r['train_seconds']:.2f} s",
         ),
         ("FLOPs per batch", fmt(r["flops_per_batch"], ".3g")),
+        ("recompiles", f"{r['recompiles']} during the timed steps"),
         ("MFU", fmt(r["mfu"], ".1%") + (" of dense peak" if r["mfu"] is not None else " (no peak figure)")),
         (
             "peak memory",

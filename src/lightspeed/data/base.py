@@ -32,6 +32,15 @@ from lightspeed.device import cpu_count
 ON_DEVICE_MAX_SHARE = 0.5
 
 
+def fits_on_device(nbytes: int, device: torch.device) -> bool:
+    """Whether a data set of `nbytes` may live on `device`: on a GPU within `ON_DEVICE_MAX_SHARE` of its
+    free memory; host memory holds it already."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return nbytes <= ON_DEVICE_MAX_SHARE * free
+
+
 def auto_num_workers(devices_per_node: int, device_type: str = "cuda") -> int:
     """Loader workers per device. On a GPU: the CPUs this process may use, shared among the devices, one
     kept for the training process itself, at most 8. On a CPU: none, since workers would take cores
@@ -45,7 +54,9 @@ class ArrayDataModule(L.LightningDataModule):
     """Subclasses say what the arrays are (`load_arrays`) and their shape; this class does the rest.
 
     The train/val/test split comes from `split_seed` alone, so it is the same on every rank and in every
-    rerun; inputs are standardised with statistics of the train split only.
+    rerun; inputs are standardised with statistics of the train split only. Training batches all have
+    `batch_size` samples (`drop_last`: a compiled model would recompile for a smaller last batch, and
+    the epoch's order moves the left-out few each epoch); evaluation sees every sample.
     """
 
     #: (C, H, W) of one input and the number of classes; subclasses set them (or compute them from
@@ -62,6 +73,7 @@ class ArrayDataModule(L.LightningDataModule):
         prefetch_factor: int | None = None,
         non_blocking: bool | str = "auto",
         on_device: bool | str = False,
+        drop_last: bool = True,
         augment: dict[str, Any] | None = None,
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
@@ -76,6 +88,7 @@ class ArrayDataModule(L.LightningDataModule):
         self.prefetch_factor = prefetch_factor
         self.non_blocking = non_blocking
         self.on_device = on_device
+        self.drop_last = drop_last
         self.augment = {"crop_padding": 0, "flip": False, **(augment or {})}
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
@@ -111,6 +124,13 @@ class ArrayDataModule(L.LightningDataModule):
             train_x = x[parts["train"]]
             x = (x - train_x.mean()) / train_x.std().clamp_min(1e-8)
         self.splits = {name: TensorDataset(x[idx].contiguous(), y[idx]) for name, idx in parts.items()}
+        per_rank = n_train // self._ranks()[1]
+        if stage in (None, "fit") and self.drop_last and self.batch_size > per_rank:
+            raise ConfigError(
+                f"data.batch_size={self.batch_size} is larger than the {per_rank} training samples of each "
+                "rank: with data.drop_last=true not one batch would train; lower data.batch_size, or set "
+                "data.drop_last=false"
+            )
 
     # --- where the batches come from -------------------------------------------------------------
 
@@ -141,23 +161,36 @@ class ArrayDataModule(L.LightningDataModule):
         return self._on_device_decision
 
     def _decide_on_device(self) -> bool:
+        """With `auto` the decision is logged in one line: where the data lives, and why."""
         if self.on_device is False:
+            return False
+        if self.on_device == "auto" and self.num_workers != "auto" and int(self.num_workers) > 0:
+            rank_zero_info(f"data.on_device=auto: data.num_workers={self.num_workers} asks for a DataLoader")
             return False
         device = self._device
         need = sum(t.numel() * t.element_size() for ds in self.splits.values() for t in ds.tensors)
+        gib = 2**30
         if device.type != "cuda":
+            if self.on_device == "auto":
+                rank_zero_info(
+                    f"data.on_device=auto: the data set ({need / gib:.3f} GiB) is served from host memory "
+                    "by slicing (no DataLoader workers)"
+                )
             return True  # already in host memory: the in-memory fast path
         free, _ = torch.cuda.mem_get_info(device)
-        if need <= ON_DEVICE_MAX_SHARE * free:
-            return True
-        gib = 2**30
+        fits = fits_on_device(need, device)
         message = (
-            f"data.on_device={self.on_device}: the data set needs {need / gib:.2f} GiB, more than "
-            f"{ON_DEVICE_MAX_SHARE:.0%} of the {free / gib:.1f} GiB free on {device}"
+            f"data.on_device={self.on_device}: the data set needs {need / gib:.3f} GiB, "
+            f"{'within' if fits else 'more than'} {ON_DEVICE_MAX_SHARE:.0%} of the {free / gib:.1f} GiB "
+            f"free on {device}"
         )
+        if fits:
+            if self.on_device == "auto":
+                rank_zero_info(f"{message}: it lives there, batches are sliced on the device")
+            return True
         if self.on_device is True:
             raise ConfigError(f"{message}: set data.on_device=auto or false")
-        rank_zero_info(f"{message}: using a DataLoader")
+        rank_zero_info(f"{message}: using a DataLoader (workers, pinned memory)")
         return False
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader | DeviceLoader:
@@ -170,7 +203,7 @@ class ArrayDataModule(L.LightningDataModule):
             if split not in self._device_splits:
                 self._device_splits[split] = tuple(t.to(self._device) for t in self.splits[split].tensors)
             x, y = self._device_splits[split]
-            return DeviceLoader(x, y, self.batch_size, order)
+            return DeviceLoader(x, y, self.batch_size, order, drop_last=shuffle and self.drop_last)
         workers = self._resolved_num_workers()
         options: dict[str, Any] = {
             "batch_size": self.batch_size,
@@ -184,7 +217,11 @@ class ArrayDataModule(L.LightningDataModule):
         }
         if shuffle:  # training: a batch fetched with one indexing operation, not sample by sample
             return ResumableDataLoader(
-                WholeBatches(self.splits[split]), sampler=order, collate_fn=whole_batch, **options
+                WholeBatches(self.splits[split]),
+                sampler=order,
+                collate_fn=whole_batch,
+                drop_last=self.drop_last,
+                **options,
             )
         # Evaluation (and overfit_batches) under DDP: each sample on exactly one rank. Lightning's default
         # sampler pads the last batch with repeats, which would count some samples twice in the metrics.

@@ -77,21 +77,27 @@ class Position:
 
 
 class DeviceLoader(Position):
-    """Batches sliced from tensors that already live on the training device."""
+    """Batches sliced from tensors that already live on the training device; `drop_last` leaves out an
+    epoch's last, partial batch (as DataLoader's option does)."""
 
-    def __init__(self, x: Tensor, y: Tensor, batch_size: int, order: EpochOrder) -> None:
-        self.x, self.y, self.batch_size = x, y, batch_size
+    def __init__(
+        self, x: Tensor, y: Tensor, batch_size: int, order: EpochOrder, drop_last: bool = False
+    ) -> None:
+        self.x, self.y, self.batch_size, self.drop_last = x, y, batch_size, drop_last
         self.sampler = order  # the attribute Lightning looks for to call set_epoch
         self.batch_sampler = None  # Lightning reads it wherever there is a sampler
         self._served = 0  # batches of the current epoch already served
         self._served_epoch = order.epoch
 
     def __len__(self) -> int:
+        if self.drop_last:
+            return len(self.sampler) // self.batch_size
         return -(-len(self.sampler) // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         idx = self.sampler.indices(self.x.device)
-        for start in range(self._begin_epoch() * self.batch_size, len(idx), self.batch_size):
+        end = len(self) * self.batch_size if self.drop_last else len(idx)
+        for start in range(self._begin_epoch() * self.batch_size, end, self.batch_size):
             batch = idx[start : start + self.batch_size]
             self._served += 1
             # index_select, not x[batch]: on a CPU advanced indexing of rows is ~20x slower (144 vs 7 us

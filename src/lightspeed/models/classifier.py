@@ -3,7 +3,6 @@ schedule from the config."""
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -19,8 +18,7 @@ from lightspeed.config import ConfigError
 from lightspeed.hooks import CheapHookNames
 from lightspeed.models.metrics import Accuracy
 from lightspeed.models.nets import build_net
-
-SCHEDULERS = ("none", "cosine", "onecycle")
+from lightspeed.models.optim import build_optimizer, build_scheduler, schedule_length
 
 
 class Classifier(CheapHookNames, L.LightningModule):
@@ -96,14 +94,16 @@ class Classifier(CheapHookNames, L.LightningModule):
         # self.log costs ~0.1-0.5 ms of Python per call: the loss is logged only when the logger will write
         # (every trainer.log_every_n_steps; Lightning's own test of that) and on each epoch's first batch
         # (the bar shows it from the start), so at the same steps whether or not the run was resumed in
-        # between. The accuracy, a Metric that Lightning computes, logs and resets at the epoch's end, is
+        # between. Not prog_bar=True: Lightning would read a bar metric back from the device after every
+        # batch until the epoch ends (a sync a step on a GPU); the bar shows it from the logging steps. The
+        # accuracy, a Metric that Lightning computes, logs and resets at the epoch's end, is
         # registered once an epoch, on the first step the epoch trains here (its first batch, or the
         # first after a mid-epoch resume).
         if self._logged_epoch != self.current_epoch:
             self._logged_epoch = self.current_epoch
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         if batch_idx == 0 or self.trainer._logger_connector.should_update_logs:
-            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/loss", loss)
         return loss
 
     def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str, acc: Accuracy) -> None:
@@ -125,42 +125,18 @@ class Classifier(CheapHookNames, L.LightningModule):
         return {"pred": probs.argmax(dim=-1), "prob": probs.max(dim=-1).values, "target": y}
 
     def configure_optimizers(self) -> Any:
-        opt_cfg = dict(self.hparams["optimizer"])
-        name = opt_cfg.pop("name")
-        opt_cls = getattr(torch.optim, name, None)
-        if not (isinstance(opt_cls, type) and issubclass(opt_cls, torch.optim.Optimizer)):
-            raise ConfigError(
-                f"model.optimizer.name={name!r} is not an optimizer in torch.optim (e.g. AdamW, SGD)"
-            )
-        try:
-            optimizer = opt_cls(self.parameters(), **opt_cfg)
-        except TypeError as err:
-            raise ConfigError(
-                f"model.optimizer (torch.optim.{name}): {err}: remove or rename that key"
-            ) from None
-
-        sched_cfg = dict(self.hparams["scheduler"])
-        kind = sched_cfg.pop("name", "none")
+        optimizer = build_optimizer(self.parameters(), self.hparams["optimizer"])
+        sched_cfg = self.hparams["scheduler"]
+        kind = sched_cfg.get("name", "none")
         if kind == "none":
             return optimizer
-        if kind not in SCHEDULERS:
-            raise ConfigError(f"model.scheduler.name={kind!r} is unknown: use one of {', '.join(SCHEDULERS)}")
         steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(steps):
             raise ConfigError(
                 f"model.scheduler.name={kind} needs a known length, but trainer.max_epochs=-1 sets none: "
                 "set trainer.max_steps, or model.scheduler.name=none"
             )
-        steps = int(steps)
-        if kind == "cosine":
-            cls, fixed = torch.optim.lr_scheduler.CosineAnnealingLR, {"T_max": steps}
-        else:
-            # OneCycleLR divides by each phase's length in steps - 1: in tiny runs (debug=fdr) keep
-            # both phases at least 2 steps long; the run simply ends before the schedule does.
-            pct = float(sched_cfg.get("pct_start", 0.3))
-            cls = torch.optim.lr_scheduler.OneCycleLR
-            fixed = {"max_lr": opt_cfg["lr"], "total_steps": max(steps, math.ceil(2 / min(pct, 1 - pct)) + 1)}
-        length = fixed.get("total_steps", fixed.get("T_max"))
+        length = schedule_length(sched_cfg, int(steps))
         restored = getattr(self, "_restored_schedule_steps", None)
         if restored is not None and restored != length:
             raise ConfigError(
@@ -168,12 +144,10 @@ class Classifier(CheapHookNames, L.LightningModule):
                 f"{length} (trainer.max_epochs or max_steps changed?); a schedule cannot be stretched: "
                 "keep the length it was started with, or start a new run"
             )
-        # Keys meant for another schedule (`pct_start` when switching to cosine) are left out, with a note.
-        accepted = inspect.signature(cls).parameters
-        unused = sorted(k for k in sched_cfg if k not in accepted)
+        scheduler, unused = build_scheduler(optimizer, sched_cfg, int(steps), self.hparams["optimizer"]["lr"])
         if unused:
             rank_zero_info(
-                f"model.scheduler.name={kind}: ignoring {', '.join(unused)} (not {cls.__name__} arguments)"
+                f"model.scheduler.name={kind}: ignoring {', '.join(unused)} "
+                f"(not {type(scheduler).__name__} arguments)"
             )
-        scheduler = cls(optimizer, **fixed, **{k: v for k, v in sched_cfg.items() if k in accepted})
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

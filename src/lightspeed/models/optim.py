@@ -1,0 +1,62 @@
+"""The optimizer and LR schedule from their config: plain torch, shared by the LightningModule and the
+bench's plain PyTorch loop, so that both train with the same update."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from lightspeed.config import ConfigError
+
+SCHEDULERS = ("none", "cosine", "onecycle")
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict[str, Any]) -> torch.optim.Optimizer:
+    """`cfg`: `name` (a class in torch.optim), the other keys its arguments."""
+    kwargs = dict(cfg)
+    name = kwargs.pop("name")
+    opt_cls = getattr(torch.optim, name, None)
+    if not (isinstance(opt_cls, type) and issubclass(opt_cls, torch.optim.Optimizer)):
+        raise ConfigError(
+            f"model.optimizer.name={name!r} is not an optimizer in torch.optim (e.g. AdamW, SGD)"
+        )
+    try:
+        return opt_cls(params, **kwargs)
+    except TypeError as err:
+        raise ConfigError(f"model.optimizer (torch.optim.{name}): {err}: remove or rename that key") from None
+
+
+def schedule_length(cfg: dict[str, Any], steps: int) -> int:
+    """The steps the schedule spans: `steps`, except that OneCycleLR divides by each phase's length
+    in steps - 1, so in tiny runs (debug=fdr) both phases stay at least 2 steps long; the run simply
+    ends before the schedule does."""
+    if cfg.get("name", "none") != "onecycle":
+        return steps
+    pct = float(cfg.get("pct_start", 0.3))
+    return max(steps, math.ceil(2 / min(pct, 1 - pct)) + 1)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: dict[str, Any], steps: int, lr: float
+) -> tuple[torch.optim.lr_scheduler.LRScheduler | None, list[str]]:
+    """A schedule stepped once per optimizer step over `steps` steps (`lr`: the peak for onecycle), or
+    None for `name: none`; with the keys of `cfg` that this schedule does not take (to be reported)."""
+    kwargs = dict(cfg)
+    kind = kwargs.pop("name", "none")
+    if kind == "none":
+        return None, []
+    if kind not in SCHEDULERS:
+        raise ConfigError(f"model.scheduler.name={kind!r} is unknown: use one of {', '.join(SCHEDULERS)}")
+    length = schedule_length(cfg, steps)
+    if kind == "cosine":
+        cls, fixed = torch.optim.lr_scheduler.CosineAnnealingLR, {"T_max": length}
+    else:
+        cls, fixed = torch.optim.lr_scheduler.OneCycleLR, {"max_lr": lr, "total_steps": length}
+    # Keys meant for another schedule (`pct_start` when switching to cosine) are left out.
+    accepted = inspect.signature(cls).parameters
+    unused = sorted(k for k in kwargs if k not in accepted)
+    return cls(optimizer, **fixed, **{k: v for k, v in kwargs.items() if k in accepted}), unused
