@@ -1,41 +1,59 @@
 #!/usr/bin/env bash
-# Every GPU check in one call, for a machine with an NVIDIA GPU; results go to $OUT (default ./gpu_out).
+# Every GPU check in one call of at most ~8 minutes, for a machine with an NVIDIA GPU; results go to
+# $OUT (default ./gpu_out): gpu_check.log (every step's output, in order), doctor.json, bench-*.md,
+# ops.txt (a profiled steady-state step).
 #
-# On the project's lent H200 (see the device tool's README) torch, lightning, torchmetrics, rich and
-# scikit-learn are installed; hydra-core, omegaconf and antlr4 travel as wheels. Once, here:
+# The lent H200 (../shared/gpu-notes.md) has torch, lightning, torchmetrics, rich, scikit-learn, pytest
+# and pytest-xdist, and no network; hydra-core, omegaconf and antlr4 travel as wheels. Once, here:
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     -d .whl hydra-core==1.3.8 omegaconf==2.3.0
+#     --platform manylinux_2_17_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3   # sdist only: build it here
-# then run with carry=[".whl"]:  bash scripts/gpu_check.sh
+# then, with the device tool: run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=540).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
+BUDGET=${BUDGET:-470}  # seconds for all the steps together: each step gets at most what is left
 mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PY:-python3}
-LOG="$OUT/gpu_check.log"  # every step's output, in order (the device tool returns at most 8 files)
+export PYTHONUNBUFFERED=1
+LOG="$OUT/gpu_check.log"
 : >"$LOG"
 status=0
-step() {  # step NAME COMMAND...: run with a time limit, append its output to the log, remember a failure
-  local name=$1; shift
-  echo "== $name: $*" | tee -a "$LOG"
-  if ! timeout "${STEP_TIMEOUT:-240}" "$@" >>"$LOG" 2>&1; then echo "   FAILED: $name" | tee -a "$LOG"; status=1; fi
+step() {  # step NAME LIMIT COMMAND...: run within min(LIMIT, budget left), log it, remember a failure
+  local name=$1 limit=$2; shift 2
+  local left=$((BUDGET - SECONDS))
+  ((left < limit)) && limit=$left
+  if ((limit < 10)); then echo "== $name: SKIPPED (time budget spent)" | tee -a "$LOG"; status=1; return; fi
+  echo "== $name (${limit}s at most, ${SECONDS}s in): $*" | tee -a "$LOG"
+  if ! timeout "$limit" "$@" >>"$LOG" 2>&1; then echo "   FAILED: $name" | tee -a "$LOG"; status=1; fi
 }
-step env bash -c "date -u; nvidia-smi; $PY -c 'import torch, lightning; print(torch.__version__, torch.version.cuda, lightning.__version__)'"
-step doctor "$PY" -m lightspeed.doctor --json "$OUT/doctor.json"
-step tests "$PY" -m pytest -q -x -m "not slow" -p no:cacheprovider tests
-step train_gpu "$PY" -m lightspeed.train trainer=gpu paths.log_dir=/tmp/gpu_logs
-step train_max "$PY" -m lightspeed.train trainer=gpu accel=max paths.log_dir=/tmp/gpu_logs
-step eval_gpu "$PY" -m lightspeed.eval trainer=gpu paths.log_dir=/tmp/gpu_logs
-step bench_data "$PY" scripts/bench_data.py --device cuda
-step bench_hotpath "$PY" scripts/bench_hotpath.py --device cuda   # fused vs foreach AdamW: decides optimizer_impl=auto
-step bench "$PY" -m lightspeed.bench --steps 300 --warmup 50 --out /tmp/gpu_bench data=synthetic model=resnet \
-  data.num_samples=50000 data.batch_size=512
-cp /tmp/gpu_bench/bench.md /tmp/gpu_bench/bench.png "$OUT/" 2>/dev/null
-grep -E "^== |FAILED|passed|failed|^\|" "$LOG" | tail -n 80
+# The package and the missing dependencies go into the system environment (subprocesses and the
+# tests' `run_module`, which replaces PYTHONPATH, see them too); nothing is downloaded.
+if [ -d .whl ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | tail -2 | tee -a "$LOG"
+fi
+echo "$PWD/src" >"$("$PY" -c 'import site; print(site.getsitepackages()[0])')/lightspeed-dev.pth"
+XDIST=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 12")
+BENCH=(data=synthetic model=resnet data.num_samples=50000 data.batch_size=512)
+WIDE=(model.net.widths=[64,128,256] model.net.blocks_per_stage=3)
+DIGITS=(trainer=gpu paths.log_dir=/tmp/gpu_logs)
+
+step versions 60 bash -c "date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
+  $PY -c 'import torch, lightning, hydra, lightspeed; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \
+  \"lightning\", lightning.__version__, \"hydra\", hydra.__version__, \"lightspeed from\", lightspeed.__file__)'"
+step doctor 90 "$PY" -m lightspeed.doctor --json "$OUT/doctor.json"
+# the recompile and sync-count tests run on the GPU here, the latter with set_sync_debug_mode("warn")
+step tests 150 "$PY" -m pytest -q -m "not slow" -p no:cacheprovider $XDIST tests
+step train_default 60 "$PY" -m lightspeed.train "${DIGITS[@]}"
+step train_max 90 "$PY" -m lightspeed.train "${DIGITS[@]}" accel=max
+step bench_resnet8 150 "$PY" -m lightspeed.bench --steps 200 --repeats 2 --out /tmp/gpu_bench8 \
+  --configs hand+off,off,hand,default,hand+max,max "${BENCH[@]}"
+cp /tmp/gpu_bench8/bench.md "$OUT/bench-resnet8.md" 2>/dev/null
+step bench_resnet20_wide 110 "$PY" -m lightspeed.bench --steps 100 --repeats 1 --out /tmp/gpu_bench20 \
+  --configs hand,default,hand+max,max,off+channels_last "${BENCH[@]}" "${WIDE[@]}"
+cp /tmp/gpu_bench20/bench.md "$OUT/bench-resnet20-wide.md" 2>/dev/null
+step profile_default 60 "$PY" scripts/profile_steps.py --out "$OUT" --skip 40 --steps 5 trainer=gpu "${BENCH[@]}"
+gzip -f "$OUT/trace.json"  # ~10x smaller; open the .json.gz in Perfetto (ui.perfetto.dev)
+grep -E "^== |FAILED|SKIPPED|passed|failed|^\| |recompil|data.on_device" "$LOG" | tail -n 90
 exit $status

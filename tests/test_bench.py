@@ -12,41 +12,47 @@ from test_cli import make_dry_run
 
 
 @pytest.mark.slow
-def test_bench_with_two_configs_writes_markdown_and_a_png(tmp_path: Path) -> None:
+def test_bench_prints_the_hand_loop_and_the_presets_side_by_side(tmp_path: Path) -> None:
+    """`make bench ARGS="--configs hand,off,default,max"` on a CPU: every row, the ratios, the spread."""
     out = tmp_path / "bench"
     proc = run_module(
         "lightspeed.bench",
-        "--configs",
-        "off,off+on_device",
-        "--steps",
-        "8",
-        "--warmup",
-        "2",
-        "--out",
-        str(out),
-        "model=mlp",
+        *("--configs", "hand,off,default,max", "--steps", "8", "--warmup", "2", "--repeats", "2"),
+        *("--out", str(out), "model=mlp", "accel.compile_backend=eager"),
         cwd=tmp_path,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (out / "bench.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith("| off")]
-    assert [r.split("|")[1].strip() for r in rows] == ["off", "off+on_device"]
-    assert "| 1.00x |" in rows[0] and "overrides: model=mlp" in table
+    cells = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")]
+    rows = {c[0].strip(): c for c in cells[1:]}  # after the header row
+    assert list(rows) == ["hand", "off", "default", "max"], table
+    assert rows["off"][4].strip() == "1.00x" and rows["default"][5].strip().endswith("x")  # vs off, vs hand
+    assert all(r[3].strip().endswith("(2x)") for r in rows.values())  # the spread over both repeats
+    assert all(r[7].strip().startswith("2 steps") for r in rows.values())  # the warm-up, apart
+    assert "overrides: model=mlp" in table
     png = (out / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
 
     assert matplotlib.image.imread(out / "bench.png").shape[0] > 100
-    assert (out / "runs" / "off" / "speed.json").is_file()
+    assert (out / "runs" / "hand-1" / "speed.json").is_file()
 
 
-def test_bench_refuses_unknown_configs_and_no_timed_steps(tmp_path: Path) -> None:
+def test_bench_refuses_unknown_configs_and_bad_arguments(tmp_path: Path) -> None:
     proc = run_module("lightspeed.bench", "--configs", "off,turbo", "--out", str(tmp_path), cwd=tmp_path)
-    assert proc.returncode == 2 and "--configs turbo: unknown; use any of off, default, max" in proc.stderr
-    proc = run_module(
-        "lightspeed.bench", "--steps", "5", "--warmup", "5", "--out", str(tmp_path), cwd=tmp_path
-    )
-    assert proc.returncode == 2 and "leaves no timed step" in proc.stderr
+    assert proc.returncode == 2 and "--configs turbo: unknown; use any of hand+off, hand" in proc.stderr
+    proc = run_module("lightspeed.bench", "--warmup", "soon", "--out", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2 and "--warmup soon: use auto or a number of steps" in proc.stderr
+    proc = run_module("lightspeed.bench", "--steps", "0", "--out", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2 and "--steps and --repeats must be at least 1" in proc.stderr
+
+
+def test_profile_script_writes_a_trace_and_an_operator_table(tmp_path: Path) -> None:
+    proc = run_script("profile_steps.py", "--out", str(tmp_path), "--skip", "3", "--steps", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "aten::" in (tmp_path / "ops.txt").read_text()
+    assert (tmp_path / "trace.json").stat().st_size > 1000
 
 
 def test_make_bench_passes_overrides_and_options() -> None:

@@ -1,12 +1,18 @@
-"""`make bench` / `python -m lightspeed.bench`: the acceleration presets and single-knob ablations on
-any experiment, a bounded number of steps each, side by side.
+"""`make bench` / `python -m lightspeed.bench`: the acceleration presets, single-knob ablations and
+plain PyTorch loops on any experiment, in steady state, side by side.
 
-    python -m lightspeed.bench [--steps 60] [--warmup 10] [--configs all|NAME,...] [--out DIR] [overrides...]
+    python -m lightspeed.bench [--steps 200] [--warmup auto] [--repeats 3] [--configs NAME,...|all]
+                               [--out DIR] [overrides...]
 
-Each configuration trains in its own process (`python -m lightspeed.train <overrides> <its knobs>`),
-its speed report (`speed.json`) is collected, and `bench.md` (config, samples/s, speed-up against
-`off`, data wait, peak memory, final loss) and `bench.png` (a bar chart) are written to --out
-(default logs/bench/<timestamp>). On a CPU the GPU-only knobs are skipped, and listed as such.
+Each configuration trains in its own process, `--repeats` times (in rounds, so that a drifting machine
+affects every row alike): the presets as `python -m lightspeed.train <overrides> <its knobs>`, whose
+speed report (`speed.json`) is collected; the `hand` rows as `lightspeed.handloop`, a plain PyTorch
+loop with the same knobs and data path as the preset it mirrors (`hand`: accel=default, `hand+off`,
+`hand+max`). The warm-up (compile, cuDNN autotuning, worker start-up) lasts until the step time
+settles, and is reported apart. `bench.md` (samples/s with its spread, against `off` and against the
+hand loop with the same knobs, median and mean step, warm-up, recompiles, data wait, peak memory, final
+loss) and `bench.png` go to --out (default logs/bench/<timestamp>). On a CPU the GPU-only knobs are
+skipped, and listed as such.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -22,8 +29,13 @@ from pathlib import Path
 
 import torch
 
+from lightspeed.steady import MAX_WARMUP
+
 # name -> (overrides, needs a CUDA GPU). Ablations add one knob to the naive baseline.
 CONFIGS: dict[str, tuple[list[str], bool]] = {
+    "hand+off": (["accel=off"], False),
+    "hand": (["accel=default"], False),
+    "hand+max": (["accel=max"], False),
     "off": (["accel=off"], False),
     "default": (["accel=default"], False),
     "max": (["accel=max"], False),
@@ -39,10 +51,14 @@ CONFIGS: dict[str, tuple[list[str], bool]] = {
     "off+flush_denormal": (["accel=off", "accel.flush_denormal=true"], False),
     "off+compile": (["accel=off", "accel.compile=true"], False),
 }
+#: the plain loop that mirrors each preset
+HAND_OF = {"off": "hand+off", "default": "hand", "max": "hand+max"}
 
-# What every bench run shares: bounded steps, no validation, no checkpoints, no progress bar.
+# What every bench run shares: no validation, no checkpoints, no progress bar; it stops once the timed
+# steps are done (min_epochs=0: at once, not at the epoch's end).
 RUN = [
     "++trainer.max_epochs=-1",
+    "++trainer.min_epochs=0",
     "++trainer.limit_val_batches=0",
     "trainer.num_sanity_val_steps=0",
     "logger=none",
@@ -57,53 +73,153 @@ RUN = [
 ]
 
 
-def run_config(name: str, overrides: list[str], user: list[str], steps: int, warmup: int, out: Path) -> dict:
-    run_dir = out / "runs" / name
-    cmd = [
-        sys.executable,
-        "-m",
-        "lightspeed.train",
-        *user,
-        *overrides,
-        *RUN,
-        f"++trainer.max_steps={steps}",
-        f"++callbacks.speed_report.warmup_steps={warmup}",
-        f"hydra.run.dir={run_dir}",
-    ]
+def max_steps(steps: int, warmup: str) -> int:
+    """The run's length, which its LR schedule spans: the timed steps after the longest warm-up."""
+    return steps + (MAX_WARMUP if warmup == "auto" else int(warmup))
+
+
+def run_config(name: str, user: list[str], steps: int, warmup: str, run_dir: Path) -> dict:
+    overrides = CONFIGS[name][0]
+    common = [*user, *overrides, *RUN, f"++trainer.max_steps={max_steps(steps, warmup)}"]
+    if name.startswith("hand"):
+        cmd = [sys.executable, "-m", "lightspeed.bench", "--hand-run", str(run_dir), "--steps", str(steps)]
+        cmd += ["--warmup", warmup, *common]
+    else:
+        cmd = [sys.executable, "-m", "lightspeed.train", *common, f"hydra.run.dir={run_dir}"]
+        cmd += [f"++callbacks.speed_report.warmup_steps={warmup}"]
+        cmd += [f"++callbacks.speed_report.max_timed_steps={steps}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    (out / "runs" / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir.parent / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"name": name, "overrides": overrides, "error": last}
     speed = json.loads((run_dir / "speed.json").read_text())
-    metrics = json.loads((run_dir / "summary.json").read_text())["metrics"]
-    return {"name": name, "overrides": overrides, **speed, "final_loss": metrics.get("train/loss")}
+    if not name.startswith("hand"):
+        speed["final_loss"] = json.loads((run_dir / "summary.json").read_text())["metrics"].get("train/loss")
+    return {"name": name, "overrides": overrides, **speed}
+
+
+def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> int:
+    """One `hand` row: compose and resolve the config as `lightspeed.train` would, then train the same
+    net on the same arrays with `lightspeed.handloop` (the only Lightning here is the DataModule, as a
+    source of the split arrays)."""
+    from omegaconf import OmegaConf
+
+    from lightspeed import accel, build, handloop
+    from lightspeed.data.base import fits_on_device
+    from lightspeed.entry import compose_config
+    from lightspeed.models.nets import build_net
+
+    cfg = compose_config("train", overrides, run_dir / "logs")
+    accel.resolve(cfg)
+    accel.apply_to_torch(cfg)  # the same process settings: matmul precision, denormals
+    torch.manual_seed(cfg.seed)
+    dm = build.datamodule(cfg)
+    dm.setup("fit")
+    x, y = dm.splits["train"].tensors
+    device = accel.device_type(cfg)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    need = sum(t.numel() * t.element_size() for split in dm.splits.values() for t in split.tensors)
+    on_device = data["on_device"] is True or (
+        data["on_device"] == "auto" and fits_on_device(need, torch.device(device))
+    )
+    knobs = cfg.accel
+    settings = handloop.Settings(
+        device=device,
+        batch_size=int(cfg.data.batch_size),
+        optimizer=OmegaConf.to_container(cfg.model.optimizer, resolve=True),
+        scheduler=OmegaConf.to_container(cfg.model.scheduler, resolve=True),
+        schedule_steps=int(cfg.trainer.max_steps),
+        steps=steps,
+        warmup=warmup if warmup == "auto" else int(warmup),
+        precision=str(cfg.trainer.precision),
+        channels_last=bool(knobs.channels_last),
+        compile=bool(knobs.compile),
+        compile_mode=str(knobs.compile_mode),
+        compile_backend=str(knobs.compile_backend),
+        benchmark=bool(cfg.trainer.benchmark),
+        on_device=on_device,
+        pin_memory=bool(data["pin_memory"]),
+        num_workers=0 if data["num_workers"] == "auto" else int(data["num_workers"]),
+        non_blocking=bool(data["non_blocking"]),
+        drop_last=bool(data.get("drop_last", True)),
+        augment=data.get("augment") or {},
+        seed=int(cfg.seed),
+    )
+    if data["num_workers"] == "auto":
+        from lightspeed.data.base import auto_num_workers
+
+        settings.num_workers = auto_num_workers(1, device)
+    net = build_net(cfg.model.net, list(dm.input_shape), dm.num_classes)
+    result = handloop.train(net, x, y, settings)
+    result.update(device=_device_name(device), precision=settings.precision, data_wait_share=None)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _device_name(device: str) -> str:
+    from lightspeed import device as device_facts
+
+    return device_facts.name(torch.device(device))
+
+
+def summarise(name: str, runs: list[dict]) -> dict:
+    """The median run by samples/s, with the spread over the repeats."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    ok.sort(key=lambda r: r["samples_per_s"])
+    row = dict(ok[len(ok) // 2])
+    row["repeats"] = len(ok)
+    row["spread"] = (ok[0]["samples_per_s"], ok[-1]["samples_per_s"])
+    row["samples_per_s"] = statistics.median(r["samples_per_s"] for r in ok)
+    return row
+
+
+def _fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
 
 
 def write_markdown(rows: list[dict], skipped: list[str], header: str, path: Path) -> None:
-    base = next((r["samples_per_s"] for r in rows if r["name"] == "off" and "error" not in r), None)
+    by_name = {r["name"]: r for r in rows if "error" not in r}
+    base = by_name.get("off", {}).get("samples_per_s")
     lines = [
         f"# Lightspeed bench\n\n{header}\n",
-        "| config | knobs | samples/s | vs off | data wait | peak memory | final loss |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| config | knobs | samples/s (median) | spread | vs off | vs hand loop | step median / mean "
+        "| warm-up | recompiles | data wait | peak memory | final loss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         knobs = " ".join(f"`{o}`" for o in r["overrides"])
         if "error" in r:
-            lines.append(f"| {r['name']} | {knobs} | failed: {r['error']} | | | | |")
+            lines.append(f"| {r['name']} | {knobs} | failed: {r['error']} |" + " |" * 9)
             continue
+        sps = r["samples_per_s"]
+        hand = by_name.get(HAND_OF.get(r["name"], ""), {}).get("samples_per_s")
         memory = (
             f"{r['peak_allocated_gib']:.2f} GiB on device"
             if r.get("peak_allocated_gib") is not None
-            else f"{r['peak_rss_gib']:.2f} GiB RSS"
+            else _fmt(r.get("peak_rss_gib"), ".2f", " GiB RSS")
         )
-        speedup = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
-        loss = f"{r['final_loss']:.4f}" if r["final_loss"] is not None else "-"
+        lo, hi = r.get("spread", (sps, sps))
+        warm = f"{r['warmup_steps']} steps" + (
+            f", {r['warmup_seconds']:.1f} s" if r.get("warmup_seconds") is not None else ""
+        )
         lines.append(
-            f"| {r['name']} | {knobs} | {r['samples_per_s']:,.0f} | {speedup} "
-            f"| {r['data_wait_share']:.1%} | {memory} | {loss} |"
+            f"| {r['name']} | {knobs} | {sps:,.0f} | {lo:,.0f}-{hi:,.0f} ({r.get('repeats', 1)}x) "
+            f"| {_fmt(sps / base if base else None, '.2f', 'x')} "
+            f"| {_fmt(sps / hand if hand else None, '.2f', 'x')} "
+            f"| {_fmt(r.get('step_ms_median'), '.2f')} / {_fmt(r.get('step_ms_mean'), '.2f')} ms | {warm} "
+            f"| {r.get('recompiles', '-')} | {_fmt(r.get('data_wait_share'), '.1%')} | {memory} "
+            f"| {_fmt(r.get('final_loss'), '.4f')} |"
         )
+    lines.append(
+        "\n`vs hand loop`: against the plain PyTorch loop with the same knobs and data path "
+        "(`hand` for default, `hand+off`, `hand+max`). Step times are the host's cadence; samples/s is "
+        "exact (the device is synchronised where the timed window starts and ends)."
+    )
     if skipped:
         lines.append(f"\nSkipped (they need a CUDA GPU): {', '.join(skipped)}.")
     path.write_text("\n".join(lines) + "\n")
@@ -117,10 +233,13 @@ def write_chart(rows: list[dict], title: str, path: Path) -> None:
 
     ok = [r for r in rows if "error" not in r]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(ok) + 1.2))
-    bars = ax.barh([r["name"] for r in ok][::-1], [r["samples_per_s"] for r in ok][::-1], color="#3b7dd8")
+    names = [r["name"] for r in ok][::-1]
+    values = [r["samples_per_s"] for r in ok][::-1]
+    colors = ["#999999" if n.startswith("hand") else "#3b7dd8" for n in names]
+    bars = ax.barh(names, values, color=colors)
     ax.bar_label(bars, fmt="{:,.0f}", padding=3, fontsize=8)
     ax.margins(x=0.15)
-    ax.set_xlabel("samples/s (higher is better)")
+    ax.set_xlabel("samples/s, median of the repeats (higher is better; grey: plain PyTorch loops)")
     ax.set_title(textwrap.fill(title, 90), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -129,11 +248,20 @@ def write_chart(rows: list[dict], title: str, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lightspeed-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60, help="training steps per configuration")
-    parser.add_argument("--warmup", type=int, default=10, help="of which not timed")
+    parser.add_argument("--steps", type=int, default=200, help="timed training steps per run")
+    parser.add_argument(
+        "--warmup", default="auto", help="untimed steps first, or auto: until the step time settles"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration")
     parser.add_argument("--configs", default="all", help=f"comma-separated, from: {', '.join(CONFIGS)}")
     parser.add_argument("--out", type=Path, help="default: logs/bench/<timestamp>")
+    parser.add_argument("--hand-run", type=Path, help=argparse.SUPPRESS)  # one hand row, in its process
     args, user = parser.parse_known_args(argv)
+    if args.warmup != "auto" and not args.warmup.isdigit():
+        print(f"error: --warmup {args.warmup}: use auto or a number of steps", file=sys.stderr)
+        return 2
+    if args.hand_run is not None:
+        return hand_run(args.hand_run, args.steps, args.warmup, user)
     names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
@@ -141,23 +269,28 @@ def main(argv: list[str] | None = None) -> int:
             f"error: --configs {','.join(unknown)}: unknown; use any of {', '.join(CONFIGS)}", file=sys.stderr
         )
         return 2
-    if args.warmup >= args.steps:
-        print(f"error: --warmup {args.warmup} leaves no timed step of --steps {args.steps}", file=sys.stderr)
+    if args.steps < 1 or args.repeats < 1:
+        print("error: --steps and --repeats must be at least 1", file=sys.stderr)
         return 2
     out = args.out or Path("logs") / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     skipped = [n for n in names if CONFIGS[n][1] and not cuda]
-    rows = []
-    for name in names:
-        if name in skipped:
-            continue
-        print(f"bench: {name} ...", flush=True)
-        rows.append(run_config(name, CONFIGS[name][0], user, args.steps, args.warmup, out))
+    todo = [n for n in names if n not in skipped]
+    runs: dict[str, list[dict]] = {n: [] for n in todo}
+    for repeat in range(args.repeats):
+        for name in todo:
+            print(f"bench: {name} ({repeat + 1}/{args.repeats}) ...", flush=True)
+            runs[name].append(
+                run_config(name, user, args.steps, args.warmup, out / "runs" / f"{name}-{repeat}")
+            )
+    rows = [summarise(name, runs[name]) for name in todo]
     device = next((r["device"] for r in rows if "device" in r), "unknown device")
+    warm = "auto (until the step time settles)" if args.warmup == "auto" else args.warmup
     header = (
-        f"{time.strftime('%Y-%m-%d')}, {device}, torch {torch.__version__}; {args.steps} steps per config, "
-        f"the first {args.warmup} not timed; overrides: {' '.join(user) or '(none)'}"
+        f"{time.strftime('%Y-%m-%d')}, {device}, torch {torch.__version__}; {args.steps} timed steps per run "
+        f"after a warm-up of {warm} steps, {args.repeats} run(s) each; "
+        f"overrides: {' '.join(user) or '(none)'}"
     )
     write_markdown(rows, skipped, header, out / "bench.md")
     try:

@@ -1,0 +1,157 @@
+"""The honest baseline: the training that a Lightspeed preset does, written as a plain PyTorch loop.
+
+No Lightning here: the same net, data, batch, precision, memory format, compile, optimizer kernels,
+data path and on-device augmentation as the preset it mirrors, and nothing else. `make bench` runs it
+as the `hand` rows (`hand` mirrors `accel=default`, `hand+off` and `hand+max` the other presets), so
+every bench shows what Lightspeed costs or saves against plain PyTorch on your own model.
+
+Timing as in the speed report: host timestamps per step, the device synchronised only where the timed
+window starts and ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import resource
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch._dynamo.utils import counters
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+from lightspeed.data.augment import random_crop, random_flip
+from lightspeed.models.optim import build_optimizer, build_scheduler
+from lightspeed.steady import settled
+
+AUTOCAST = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+@dataclass
+class Settings:
+    """What a preset resolved to for this run (`lightspeed.accel.resolve`), field for field."""
+
+    device: str
+    batch_size: int
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    schedule_steps: int  # the length the preset's schedule spans
+    steps: int = 100  # timed steps
+    warmup: int | str = "auto"  # untimed steps, or auto: until the step time settles
+    precision: str = "32-true"
+    channels_last: bool = False
+    compile: bool = False
+    compile_mode: str = "default"
+    compile_backend: str = "inductor"
+    benchmark: bool = False  # cudnn.benchmark
+    on_device: bool = True  # the data set on the device, batches sliced there; else a DataLoader
+    pin_memory: bool = False
+    num_workers: int = 0
+    non_blocking: bool = False
+    drop_last: bool = True
+    augment: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+
+def batches(x: Tensor, y: Tensor, s: Settings) -> Iterator[tuple[Tensor, Tensor]]:
+    """Training batches on the device, epoch after epoch, each epoch in a new random order (drawn as
+    Lightspeed's loaders draw it: from `seed + epoch`)."""
+    device = torch.device(s.device)
+    if s.on_device:
+        x, y = x.to(device), y.to(device)
+        for epoch in itertools.count():
+            order = torch.randperm(len(x), generator=torch.Generator().manual_seed(s.seed + epoch))
+            order = order.to(device, non_blocking=True)
+            end = len(x) // s.batch_size * s.batch_size if s.drop_last else len(x)
+            for start in range(0, end, s.batch_size):
+                idx = order[start : start + s.batch_size]
+                yield x.index_select(0, idx), y.index_select(0, idx)
+    # A DataLoader that fetches a batch with one indexing operation (TensorDataset takes a list of indices)
+    generator = torch.Generator().manual_seed(s.seed)
+    sampler = BatchSampler(RandomSampler(x, generator=generator), s.batch_size, drop_last=s.drop_last)
+    loader = DataLoader(
+        TensorDataset(x, y),
+        sampler=sampler,
+        batch_size=None,
+        num_workers=s.num_workers,
+        pin_memory=s.pin_memory and device.type == "cuda",
+        persistent_workers=s.num_workers > 0,
+    )
+    while True:
+        for xb, yb in loader:
+            yield xb.to(device, non_blocking=s.non_blocking), yb.to(device, non_blocking=s.non_blocking)
+
+
+def train(net: nn.Module, x: Tensor, y: Tensor, s: Settings) -> dict[str, Any]:
+    """Train `net` on (x, y) for `warmup` + `steps` steps; return the speed figures and the last loss."""
+    if s.precision not in AUTOCAST:
+        raise ValueError(f"the plain loop runs precision {', '.join(AUTOCAST)}, not {s.precision}")
+    torch.manual_seed(s.seed)
+    device = torch.device(s.device)
+    torch.backends.cudnn.benchmark = s.benchmark
+    net = net.to(device, memory_format=torch.channels_last if s.channels_last else torch.preserve_format)
+    optimizer = build_optimizer(net.parameters(), s.optimizer)
+    scheduler, _ = build_scheduler(optimizer, s.scheduler, s.schedule_steps, s.optimizer["lr"])
+    scaler = torch.amp.GradScaler(device.type, enabled=s.precision == "16-mixed")
+    if s.compile:
+        net.compile(mode=None if s.compile_mode == "default" else s.compile_mode, backend=s.compile_backend)
+    net.train()
+    data = batches(x, y, s)
+
+    def step() -> Tensor:
+        xb, yb = next(data)
+        if s.augment.get("crop_padding"):
+            xb = random_crop(xb, int(s.augment["crop_padding"]))
+        if s.augment.get("flip"):
+            xb = random_flip(xb)
+        if s.channels_last:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        dtype = AUTOCAST[s.precision]
+        with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
+            loss = F.cross_entropy(net(xb), yb)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+        return loss.detach()
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    warm_times: list[float] = []
+    begin = time.perf_counter()
+    while not (len(warm_times) >= s.warmup if isinstance(s.warmup, int) else settled(warm_times)):
+        t = time.perf_counter()
+        step()
+        warm_times.append(time.perf_counter() - t)
+    sync()
+    warmup_s = time.perf_counter() - begin
+    compiles = counters["frames"]["total"]
+    times: list[float] = []
+    start = prev = time.perf_counter()
+    for _ in range(s.steps):
+        loss = step()
+        now = time.perf_counter()
+        times.append(now - prev)
+        prev = now
+    sync()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {
+        "peak_allocated_gib": peak,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "samples_per_s": s.steps * s.batch_size / seconds,
+        "step_ms_mean": 1e3 * seconds / s.steps,
+        "step_ms_median": 1e3 * statistics.median(times),
+        "timed_steps": s.steps,
+        "warmup_steps": len(warm_times),
+        "warmup_seconds": warmup_s,
+        "recompiles": counters["frames"]["total"] - compiles,
+        "final_loss": float(loss),
+    }

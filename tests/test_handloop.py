@@ -1,0 +1,76 @@
+"""The bench's plain PyTorch loop: free of Lightning, trains with the knobs of the preset it mirrors."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightspeed import bench, handloop
+from lightspeed.models.nets import build_net
+
+
+def test_the_hand_loop_imports_no_lightning() -> None:
+    tree = ast.parse(Path(handloop.__file__).read_text())
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert not {m for m in imported if m.split(".")[0] in ("lightning", "pytorch_lightning")}
+    assert not {m for m in imported if m.startswith(("lightspeed.models.classifier", "lightspeed.callbacks"))}
+    assert "lightspeed.data.augment" in imported  # the same on-device augmentation as the presets
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_the_hand_loop_trains_and_reports_its_timing(on_device: bool) -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(200, 1, 8, 8), torch.randint(0, 4, (200,))
+    x += y.view(-1, 1, 1, 1).float()  # learnable
+    settings = handloop.Settings(
+        device="cpu",
+        batch_size=32,
+        optimizer={"name": "AdamW", "lr": 0.01},
+        scheduler={"name": "onecycle", "pct_start": 0.25},
+        schedule_steps=40,
+        steps=30,
+        warmup=4,
+        on_device=on_device,
+        augment={"crop_padding": 1},
+    )
+    net = build_net({"name": "mlp", "hidden": [32]}, [1, 8, 8], 4)
+    first = torch.nn.functional.cross_entropy(net(x), y).item()
+    r = handloop.train(net, x, y, settings)
+    assert r["timed_steps"] == 30 and r["warmup_steps"] == 4 and r["recompiles"] == 0
+    assert r["samples_per_s"] == pytest.approx(30 * 32 / (r["step_ms_mean"] / 1e3 * 30))
+    assert math.isfinite(r["final_loss"]) and r["final_loss"] < first
+
+
+def test_a_hand_row_mirrors_its_preset(tmp_path: Path, monkeypatch) -> None:
+    seen = {}
+    real = handloop.train
+
+    def spy(net, x, y, settings):
+        seen["settings"], seen["n"] = settings, len(x)
+        return real(net, x, y, settings)
+
+    monkeypatch.setattr(handloop, "train", spy)
+    overrides = ["accel=max", "accel.compile_backend=eager", "model=mlp", "++trainer.max_steps=12"]
+    assert bench.main(["--hand-run", str(tmp_path), "--steps", "4", "--warmup", "2", *overrides]) == 0
+    s = seen["settings"]
+    assert seen["n"] == 1258 and s.batch_size == 64 and s.schedule_steps == 12
+    assert (s.compile, s.compile_backend, s.channels_last, s.on_device, s.drop_last) == (
+        True,
+        "eager",
+        True,
+        True,
+        True,
+    )
+    assert s.optimizer["fused"] is True and s.precision == "32-true"  # resolved as the preset's run is
+    report = json.loads((tmp_path / "speed.json").read_text())
+    assert report["timed_steps"] == 4 and report["device"].startswith("cpu")
