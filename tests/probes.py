@@ -239,21 +239,29 @@ class SyncCounter(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._drain_cuda_warnings()
+        self._restore()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()  # also after a failed run: later tests get torch as it was
+
+    def _restore(self) -> None:
         self._batch = None
         for owner, name, original in reversed(self._undo):
             setattr(owner, name, original)
         self._undo = []
-        if trainer.strategy.root_device.type == "cuda":
+        if getattr(self, "_warnings", None) is not None:
             torch.cuda.set_sync_debug_mode("default")
             self._warnings.__exit__(None, None, None)
+            self._warnings = None
 
     def _drain_cuda_warnings(self) -> None:
         caught = getattr(self, "_caught", None)
-        if not caught:
+        if not caught or self._batch is None:
             return
         for w in caught:
-            if "synchroniz" in str(w.message):
-                self._record(f"cuda: {str(w.message).splitlines()[0][:80]}")
+            if "synchroniz" in str(w.message):  # where the synchronising call was made, as torch says
+                where = f"{w.filename.rsplit('/', 2)[-1]}:{w.lineno}"
+                self.events.setdefault(self._batch, []).append(f"cuda: {str(w.message)[:60]} at {where}")
         caught.clear()
 
 

@@ -330,3 +330,17 @@ def test_no_nvml_query_per_optimizer_step_without_a_gpu(monkeypatch, gpus: int, 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     device.skip_repeated_cuda_probe()
     assert os.environ[device.NVML_CHECK] == expected
+
+
+def test_channels_last_auto_is_on_only_for_convolutions_on_a_gpu(train_cfg) -> None:
+    """On a CUDA run of a conv net (cuDNN's NHWC kernels); never for an MLP (a layout copy a batch for
+    nothing) nor on a CPU. The choice is written back into the config the run saves."""
+    from lightspeed.models.nets import build_net
+
+    cnn = build_net({"name": "cnn"}, [1, 8, 8], 10)
+    mlp = build_net({"name": "mlp"}, [1, 8, 8], 10)
+    for accelerator, net, expected in (("gpu", cnn, True), ("gpu", mlp, False), ("cpu", cnn, False)):
+        cfg = train_cfg(f"trainer.accelerator={accelerator}")
+        assert cfg.accel.channels_last == "auto"
+        assert accel.resolve_channels_last(cfg, net) is expected and cfg.accel.channels_last is expected
+    assert accel.resolve_channels_last(train_cfg("accel=max", "trainer.accelerator=cpu"), mlp) is True

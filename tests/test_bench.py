@@ -39,15 +39,19 @@ def test_bench_prints_the_hand_loop_and_the_presets_side_by_side(tmp_path: Path)
     assert (out / "runs" / "hand-1" / "speed.json").is_file()
 
 
-def test_bench_refuses_unknown_configs_and_bad_arguments(tmp_path: Path) -> None:
-    proc = run_module("lightspeed.bench", "--configs", "off,turbo", "--out", str(tmp_path), cwd=tmp_path)
-    assert proc.returncode == 2 and "--configs turbo: unknown; use any of hand+off, hand" in proc.stderr
-    proc = run_module("lightspeed.bench", "--warmup", "soon", "--out", str(tmp_path), cwd=tmp_path)
-    assert proc.returncode == 2 and "--warmup soon: use auto or a number of steps" in proc.stderr
-    proc = run_module("lightspeed.bench", "--steps", "0", "--out", str(tmp_path), cwd=tmp_path)
-    assert proc.returncode == 2 and "--steps and --repeats must be at least 1" in proc.stderr
+def test_bench_refuses_unknown_configs_and_bad_arguments(tmp_path: Path, capsys) -> None:
+    from lightspeed.bench import main
+
+    for args, message in (
+        (["--configs", "off,turbo"], "--configs turbo: unknown; use any of hand+off, hand"),
+        (["--warmup", "soon"], "--warmup soon: use auto or a number of steps"),
+        (["--steps", "0"], "--steps and --repeats must be at least 1"),
+    ):
+        assert main([*args, "--out", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {message}")
 
 
+@pytest.mark.slow
 def test_profile_script_writes_a_trace_and_an_operator_table(tmp_path: Path) -> None:
     proc = run_script("profile_steps.py", "--out", str(tmp_path), "--skip", "3", "--steps", "2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

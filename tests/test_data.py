@@ -182,3 +182,17 @@ def test_default_preset_serves_in_memory_data_from_memory_and_off_uses_a_dataloa
     assert type(off).__name__ == "ResumableDataLoader"
     workers = train(train_cfg(*fit, "data.num_workers=1")).trainer.train_dataloader  # asked for by name
     assert type(workers).__name__ == "ResumableDataLoader" and workers.num_workers == 1
+
+
+def test_overfit_batches_with_a_large_batch_is_not_refused() -> None:
+    """overfit_batches trains on unshuffled batches, where nothing is dropped."""
+    dm = DigitsDataModule(batch_size=1259)
+    dm.trainer = SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cpu")),
+        num_devices=1,
+        world_size=1,
+        global_rank=0,
+        overfit_batches=1,
+    )
+    dm.setup("fit")
+    assert [len(y) for _, y in dm.train_dataloader()] == [1258]

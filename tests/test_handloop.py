@@ -60,7 +60,8 @@ def test_a_hand_row_mirrors_its_preset(tmp_path: Path, monkeypatch) -> None:
         return real(net, x, y, settings)
 
     monkeypatch.setattr(handloop, "train", spy)
-    overrides = ["accel=max", "accel.compile_backend=eager", "model=mlp", "++trainer.max_steps=12"]
+    overrides = ["trainer.accelerator=cpu", "accel=max", "accel.compile_backend=eager", "model=cnn"]
+    overrides += ["++trainer.max_steps=12"]
     assert bench.main(["--hand-run", str(tmp_path), "--steps", "4", "--warmup", "2", *overrides]) == 0
     s = seen["settings"]
     assert seen["n"] == 1258 and s.batch_size == 64 and s.schedule_steps == 12

@@ -15,9 +15,15 @@ QUIET = [
     "callbacks.model_summary=null",
     "+trainer.enable_model_summary=false",
 ]
-# The logger writes every 10 steps; the non-finite guard reads its kept losses at the same cadence, so
-# the allowance is one set of steps. The progress bar stays on: its reads are part of what is counted.
-CADENCE = ["trainer.log_every_n_steps=10", "callbacks.nonfinite.check_every_n_steps=10"]
+# The logger writes every 10 steps; the non-finite guard reads its kept losses at the same cadence, and
+# the speed report synchronises once, when its warm-up ends: all on the same steps. The progress bar
+# stays on, redrawn at every step (its redraws are part of what is counted).
+CADENCE = [
+    "trainer.log_every_n_steps=10",
+    "callbacks.nonfinite.check_every_n_steps=10",
+    "callbacks.speed_report.warmup_steps=9",
+    "callbacks.rich_progress_bar.refresh_rate=100000",
+]
 # A compiled run: the eager backend is dynamo's tracing and guards without inductor's code generation
 # (minutes on 2 CPU cores); recompiles and host reads are decided by dynamo and the Python around it.
 EAGER = ["accel.compile_backend=eager"]

@@ -58,11 +58,6 @@ def resolve(cfg: DictConfig) -> list[str]:
             elif data.get(key) is True and not cuda:
                 idle.append(f"data.{key}=true")
                 data[key] = False  # pinning without CUDA only earns a warning from the DataLoader
-        knobs = cfg.get("accel")
-        if knobs is not None and knobs.get("channels_last") == "auto":
-            # cuDNN's NHWC convolutions: 1.64x for the bench ResNet on an H200 (docs/performance.md);
-            # on a CPU the NCHW kernels are the tuned ones
-            knobs.channels_last = cuda
         idle += _resolve_optimizer_impl(cfg, device)
         idle += _resolve_flush_denormal(cfg, device)
     return idle
@@ -147,12 +142,27 @@ def _flush_denormal(flush: bool) -> None:
     )
 
 
+def resolve_channels_last(cfg: DictConfig, model: torch.nn.Module) -> bool:
+    """`accel.channels_last`, with `auto` resolved (in `cfg` too) for this model: on for a CUDA run of a
+    net with 2-D convolutions (cuDNN's NHWC kernels use the tensor cores: 1.64x for the bench ResNet on
+    an H200, docs/acceleration.md); off elsewhere (a CPU's NCHW kernels are the tuned ones, and an MLP
+    would only pay a layout copy per batch)."""
+    accel = cfg.get("accel")
+    wanted = accel.get("channels_last", False) if accel is not None else False
+    if wanted == "auto":
+        convs = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+        wanted = device_type(cfg) == "cuda" and convs
+        with open_dict(cfg):
+            accel.channels_last = wanted
+    return bool(wanted)
+
+
 def apply_to_model(cfg: DictConfig, model: L.LightningModule, dm: Any) -> None:
     """channels_last for the weights (and, through the DataModule, the inputs); torch.compile."""
     accel = cfg.get("accel", {})
     if accel.get("compile", False):
         model.example_input_array = None  # the summary's batch of 2 would compile a second, dynamic graph
-    if accel.get("channels_last", False):
+    if resolve_channels_last(cfg, model):
         model.to(memory_format=torch.channels_last)
         dm.channels_last = True
     if accel.get("compile", False):

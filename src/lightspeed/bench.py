@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -107,11 +106,17 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
     from omegaconf import OmegaConf
 
     from lightspeed import accel, build, handloop
-    from lightspeed.data.base import fits_on_device
+    from lightspeed.data.base import on_device_choice
     from lightspeed.entry import compose_config
     from lightspeed.models.nets import build_net
 
     cfg = compose_config("train", overrides, run_dir / "logs")
+    if int(cfg.trainer.get("accumulate_grad_batches", 1)) != 1:
+        print(
+            "error: the hand rows do not mirror trainer.accumulate_grad_batches: bench without it",
+            file=sys.stderr,
+        )
+        return 2
     accel.resolve(cfg)
     accel.apply_to_torch(cfg)  # the same process settings: matmul precision, denormals
     torch.manual_seed(cfg.seed)
@@ -121,10 +126,9 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
     device = accel.device_type(cfg)
     data = OmegaConf.to_container(cfg.data, resolve=True)
     need = sum(t.numel() * t.element_size() for split in dm.splits.values() for t in split.tensors)
-    on_device = data["on_device"] is True or (
-        data["on_device"] == "auto" and fits_on_device(need, torch.device(device))
-    )
+    on_device, _ = on_device_choice(data["on_device"], data["num_workers"], need, torch.device(device))
     knobs = cfg.accel
+    net = build_net(cfg.model.net, list(dm.input_shape), dm.num_classes)
     settings = handloop.Settings(
         device=device,
         batch_size=int(cfg.data.batch_size),
@@ -134,8 +138,9 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
         steps=steps,
         warmup=warmup if warmup == "auto" else int(warmup),
         precision=str(cfg.trainer.precision),
-        channels_last=bool(knobs.channels_last),
-        compile=bool(knobs.compile),
+        channels_last=accel.resolve_channels_last(cfg, net),
+        # as the preset does: uncompiled where the backend cannot work here
+        compile=bool(knobs.compile) and accel.compile_problem(str(knobs.compile_backend), device) is None,
         compile_mode=str(knobs.compile_mode),
         compile_backend=str(knobs.compile_backend),
         benchmark=bool(cfg.trainer.benchmark),
@@ -144,6 +149,7 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
         num_workers=0 if data["num_workers"] == "auto" else int(data["num_workers"]),
         non_blocking=bool(data["non_blocking"]),
         drop_last=bool(data.get("drop_last", True)),
+        gradient_clip_val=cfg.trainer.get("gradient_clip_val"),
         augment=data.get("augment") or {},
         seed=int(cfg.seed),
     )
@@ -151,7 +157,6 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
         from lightspeed.data.base import auto_num_workers
 
         settings.num_workers = auto_num_workers(1, device)
-    net = build_net(cfg.model.net, list(dm.input_shape), dm.num_classes)
     result = handloop.train(net, x, y, settings)
     result.update(device=_device_name(device), precision=settings.precision, data_wait_share=None)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -165,17 +170,17 @@ def _device_name(device: str) -> str:
     return device_facts.name(torch.device(device))
 
 
-def summarise(name: str, runs: list[dict]) -> dict:
-    """The median run by samples/s, with the spread over the repeats."""
-    ok = [r for r in runs if "error" not in r]
+def summarise(runs: list[dict]) -> dict:
+    """The median run by samples/s (the lower middle one of an even count: every column from one run),
+    with the spread over the repeats."""
+    ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["samples_per_s"])
     if not ok:
         return runs[0]
-    ok.sort(key=lambda r: r["samples_per_s"])
-    row = dict(ok[len(ok) // 2])
-    row["repeats"] = len(ok)
-    row["spread"] = (ok[0]["samples_per_s"], ok[-1]["samples_per_s"])
-    row["samples_per_s"] = statistics.median(r["samples_per_s"] for r in ok)
-    return row
+    return {
+        **ok[(len(ok) - 1) // 2],
+        "repeats": len(ok),
+        "spread": (ok[0]["samples_per_s"], ok[-1]["samples_per_s"]),
+    }
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -278,21 +283,22 @@ def main(argv: list[str] | None = None) -> int:
     skipped = [n for n in names if CONFIGS[n][1] and not cuda]
     todo = [n for n in names if n not in skipped]
     runs: dict[str, list[dict]] = {n: [] for n in todo}
+    warm = "auto (until the step time settles)" if args.warmup == "auto" else args.warmup
     for repeat in range(args.repeats):
         for name in todo:
             print(f"bench: {name} ({repeat + 1}/{args.repeats}) ...", flush=True)
             runs[name].append(
                 run_config(name, user, args.steps, args.warmup, out / "runs" / f"{name}-{repeat}")
             )
-    rows = [summarise(name, runs[name]) for name in todo]
-    device = next((r["device"] for r in rows if "device" in r), "unknown device")
-    warm = "auto (until the step time settles)" if args.warmup == "auto" else args.warmup
-    header = (
-        f"{time.strftime('%Y-%m-%d')}, {device}, torch {torch.__version__}; {args.steps} timed steps per run "
-        f"after a warm-up of {warm} steps, {args.repeats} run(s) each; "
-        f"overrides: {' '.join(user) or '(none)'}"
-    )
-    write_markdown(rows, skipped, header, out / "bench.md")
+        # after every round, so that a bench stopped early still leaves its table
+        rows = [summarise(runs[name]) for name in todo]
+        device = next((r["device"] for r in rows if "device" in r), "unknown device")
+        header = (
+            f"{time.strftime('%Y-%m-%d')}, {device}, torch {torch.__version__}; {args.steps} timed steps per "
+            f"run after a warm-up of {warm} steps, {repeat + 1} run(s) each; "
+            f"overrides: {' '.join(user) or '(none)'}"
+        )
+        write_markdown(rows, skipped, header, out / "bench.md")
     try:
         write_chart(rows, header, out / "bench.png")
     except ImportError:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._dynamo.utils import counters
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from lightspeed.data.augment import random_crop, random_flip
 from lightspeed.models.optim import build_optimizer, build_scheduler
@@ -55,8 +55,23 @@ class Settings:
     num_workers: int = 0
     non_blocking: bool = False
     drop_last: bool = True
+    gradient_clip_val: float | None = None
     augment: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+
+
+class WholeBatches(TensorDataset):
+    """Hands the DataLoader a whole batch at once: one `index_select` per tensor instead of a sample at
+    a time and a collate (as Lightspeed's loaders fetch in-memory data)."""
+
+    def __getitems__(self, indices: list[int]) -> list[Tensor]:
+        idx = torch.tensor(indices)
+        return [t.index_select(0, idx) for t in self.tensors]
+
+
+def as_is(batch: list[Tensor]) -> list[Tensor]:
+    """The collate_fn for `WholeBatches` (module level: workers pickle it)."""
+    return batch
 
 
 def batches(x: Tensor, y: Tensor, s: Settings) -> Iterator[tuple[Tensor, Tensor]]:
@@ -72,13 +87,13 @@ def batches(x: Tensor, y: Tensor, s: Settings) -> Iterator[tuple[Tensor, Tensor]
             for start in range(0, end, s.batch_size):
                 idx = order[start : start + s.batch_size]
                 yield x.index_select(0, idx), y.index_select(0, idx)
-    # A DataLoader that fetches a batch with one indexing operation (TensorDataset takes a list of indices)
     generator = torch.Generator().manual_seed(s.seed)
-    sampler = BatchSampler(RandomSampler(x, generator=generator), s.batch_size, drop_last=s.drop_last)
     loader = DataLoader(
-        TensorDataset(x, y),
-        sampler=sampler,
-        batch_size=None,
+        WholeBatches(x, y),
+        batch_size=s.batch_size,
+        sampler=RandomSampler(x, generator=generator),
+        drop_last=s.drop_last,
+        collate_fn=as_is,
         num_workers=s.num_workers,
         pin_memory=s.pin_memory and device.type == "cuda",
         persistent_workers=s.num_workers > 0,
@@ -104,7 +119,10 @@ def train(net: nn.Module, x: Tensor, y: Tensor, s: Settings) -> dict[str, Any]:
     net.train()
     data = batches(x, y, s)
 
-    def step() -> Tensor:
+    correct = torch.zeros((), dtype=torch.long, device=device)  # training accuracy, as the preset counts
+
+    def step() -> tuple[Tensor, int]:
+        nonlocal correct
         xb, yb = next(data)
         if s.augment.get("crop_padding"):
             xb = random_crop(xb, int(s.augment["crop_padding"]))
@@ -114,14 +132,19 @@ def train(net: nn.Module, x: Tensor, y: Tensor, s: Settings) -> dict[str, Any]:
             xb = xb.contiguous(memory_format=torch.channels_last)
         dtype = AUTOCAST[s.precision]
         with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
-            loss = F.cross_entropy(net(xb), yb)
+            logits = net(xb)
+            loss = F.cross_entropy(logits, yb)
+        correct += (logits.argmax(-1) == yb).sum()  # on the device: no sync
         scaler.scale(loss).backward()
+        if s.gradient_clip_val:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(net.parameters(), s.gradient_clip_val)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
-        return loss.detach()
+        return loss.detach(), len(yb)
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     warm_times: list[float] = []
@@ -134,9 +157,11 @@ def train(net: nn.Module, x: Tensor, y: Tensor, s: Settings) -> dict[str, Any]:
     warmup_s = time.perf_counter() - begin
     compiles = counters["frames"]["total"]
     times: list[float] = []
+    samples = 0
     start = prev = time.perf_counter()
     for _ in range(s.steps):
-        loss = step()
+        loss, n = step()
+        samples += n
         now = time.perf_counter()
         times.append(now - prev)
         prev = now
@@ -146,7 +171,7 @@ def train(net: nn.Module, x: Tensor, y: Tensor, s: Settings) -> dict[str, Any]:
     return {
         "peak_allocated_gib": peak,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "samples_per_s": s.steps * s.batch_size / seconds,
+        "samples_per_s": samples / seconds,
         "step_ms_mean": 1e3 * seconds / s.steps,
         "step_ms_median": 1e3 * statistics.median(times),
         "timed_steps": s.steps,

@@ -23,13 +23,15 @@ class ProgressBar(RichProgressBar):
 
     _last_update = float("-inf")
     _shown: dict[str, Any] | None = None  # what the bar shows during training, read at logging steps
+    _read_at = -1  # the optimizer step they were read at (accumulated batches share one)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         last = batch_idx + 1 == self.total_train_batches
-        if batch_idx == 0 or last or trainer.global_step % trainer.log_every_n_steps == 0:
-            self._shown = self._read_metrics(trainer, pl_module)
+        logged = trainer.global_step % trainer.log_every_n_steps == 0 and trainer.global_step != self._read_at
+        if batch_idx == 0 or last or logged:
+            self._shown, self._read_at = self._read_metrics(trainer, pl_module), trainer.global_step
         now = time.monotonic()
         if now - self._last_update < 1 / max(self.refresh_rate, 1e-9) and not last:
             return
@@ -40,10 +42,16 @@ class ProgressBar(RichProgressBar):
         self._shown = self._read_metrics(trainer, pl_module)  # the epoch's metrics, just computed
         super().on_train_epoch_end(trainer, pl_module)
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._shown = None  # read again when training goes on: the bar shows the new validation figures
+        super().on_validation_end(trainer, pl_module)
+
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float]:
-        if trainer.training and self._shown is not None:
-            return self._shown
-        return self._read_metrics(trainer, pl_module)
+        if not trainer.training:
+            return self._read_metrics(trainer, pl_module)
+        if self._shown is None:  # e.g. the first redraw after a mid-epoch resume: read once, keep it
+            self._shown = self._read_metrics(trainer, pl_module)
+        return self._shown
 
     def _read_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         """The bar's metrics and every `train/*` value, as numbers, without the logger's version number

@@ -32,13 +32,40 @@ from lightspeed.device import cpu_count
 ON_DEVICE_MAX_SHARE = 0.5
 
 
-def fits_on_device(nbytes: int, device: torch.device) -> bool:
-    """Whether a data set of `nbytes` may live on `device`: on a GPU within `ON_DEVICE_MAX_SHARE` of its
-    free memory; host memory holds it already."""
+def on_device_choice(
+    on_device: bool | str, num_workers: int | str, nbytes: int, device: torch.device
+) -> tuple[bool, str | None]:
+    """Whether an in-memory data set of `nbytes` is served from the training device (sliced there, no
+    DataLoader), and the line that says why (None: nothing to say). `auto`: yes when it fits within
+    `ON_DEVICE_MAX_SHARE` of a GPU's free memory, or when it is in host memory already (CPU, and MPS's
+    unified memory), unless `num_workers` asks for DataLoader workers by number. `true` where it does
+    not fit is a ConfigError."""
+    if on_device is False:
+        return False, None
+    if on_device == "auto" and num_workers != "auto" and int(num_workers) > 0:
+        return False, f"data.on_device=auto: data.num_workers={num_workers} asks for a DataLoader"
+    gib = 2**30
     if device.type != "cuda":
-        return True
+        where = "host memory" if device.type == "cpu" else f"{device.type} (unified memory)"
+        note = (
+            f"data.on_device=auto: the data set ({nbytes / gib:.3f} GiB) is sliced in {where}, no DataLoader"
+        )
+        return True, note if on_device == "auto" else None
     free, _ = torch.cuda.mem_get_info(device)
-    return nbytes <= ON_DEVICE_MAX_SHARE * free
+    fits = nbytes <= ON_DEVICE_MAX_SHARE * free
+    message = (
+        f"data.on_device={on_device}: the data set needs {nbytes / gib:.3f} GiB, "
+        f"{'within' if fits else 'more than'} {ON_DEVICE_MAX_SHARE:.0%} of the {free / gib:.1f} GiB "
+        f"free on {device}"
+    )
+    if fits:
+        return (
+            True,
+            f"{message}: it lives there, batches are sliced on the device" if on_device == "auto" else None,
+        )
+    if on_device is True:
+        raise ConfigError(f"{message}: set data.on_device=auto or false")
+    return False, f"{message}: using a DataLoader (workers, pinned memory)"
 
 
 def auto_num_workers(devices_per_node: int, device_type: str = "cuda") -> int:
@@ -125,7 +152,8 @@ class ArrayDataModule(L.LightningDataModule):
             x = (x - train_x.mean()) / train_x.std().clamp_min(1e-8)
         self.splits = {name: TensorDataset(x[idx].contiguous(), y[idx]) for name, idx in parts.items()}
         per_rank = n_train // self._ranks()[1]
-        if stage in (None, "fit") and self.drop_last and self.batch_size > per_rank:
+        overfit = self.trainer is not None and self.trainer.overfit_batches > 0  # unshuffled: nothing dropped
+        if stage in (None, "fit") and self.drop_last and not overfit and self.batch_size > per_rank:
             raise ConfigError(
                 f"data.batch_size={self.batch_size} is larger than the {per_rank} training samples of each "
                 "rank: with data.drop_last=true not one batch would train; lower data.batch_size, or set "
@@ -161,37 +189,11 @@ class ArrayDataModule(L.LightningDataModule):
         return self._on_device_decision
 
     def _decide_on_device(self) -> bool:
-        """With `auto` the decision is logged in one line: where the data lives, and why."""
-        if self.on_device is False:
-            return False
-        if self.on_device == "auto" and self.num_workers != "auto" and int(self.num_workers) > 0:
-            rank_zero_info(f"data.on_device=auto: data.num_workers={self.num_workers} asks for a DataLoader")
-            return False
-        device = self._device
         need = sum(t.numel() * t.element_size() for ds in self.splits.values() for t in ds.tensors)
-        gib = 2**30
-        if device.type != "cuda":
-            if self.on_device == "auto":
-                rank_zero_info(
-                    f"data.on_device=auto: the data set ({need / gib:.3f} GiB) is served from host memory "
-                    "by slicing (no DataLoader workers)"
-                )
-            return True  # already in host memory: the in-memory fast path
-        free, _ = torch.cuda.mem_get_info(device)
-        fits = fits_on_device(need, device)
-        message = (
-            f"data.on_device={self.on_device}: the data set needs {need / gib:.3f} GiB, "
-            f"{'within' if fits else 'more than'} {ON_DEVICE_MAX_SHARE:.0%} of the {free / gib:.1f} GiB "
-            f"free on {device}"
-        )
-        if fits:
-            if self.on_device == "auto":
-                rank_zero_info(f"{message}: it lives there, batches are sliced on the device")
-            return True
-        if self.on_device is True:
-            raise ConfigError(f"{message}: set data.on_device=auto or false")
-        rank_zero_info(f"{message}: using a DataLoader (workers, pinned memory)")
-        return False
+        decision, note = on_device_choice(self.on_device, self.num_workers, need, self._device)
+        if note:
+            rank_zero_info(note)
+        return decision
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader | DeviceLoader:
         rank, world = self._ranks()
