@@ -12,6 +12,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed.accel import compiled_frames
 from lightspeed.data import DigitsDataModule
@@ -52,19 +53,27 @@ class RankProbe(L.Callback):
             "world_size": trainer.world_size,
             "initial_seed": torch.initial_seed(),
             "indices": list(iter(trainer.train_dataloader.sampler)),
-            "dataset_size": len(trainer.datamodule.splits["train"]),
+            "dataset_size": len(trainer.train_dataloader.dataset),
             "loader": type(trainer.train_dataloader).__name__,
         }
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(facts))
 
 
 class BatchProbe(L.Callback):
-    """Records, for every training step, the memory formats of the batch and the first conv weight,
-    a fingerprint of the batch (to compare sample orders between runs), and the gradient norm after
+    """Records, for every training step, the memory formats of the first conv's input and weight, a
+    fingerprint of the batch (to compare sample orders between runs), and the gradient norm after
     clipping."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        conv = next((m for m in pl_module.modules() if isinstance(m, torch.nn.Conv2d)), None)
+        if conv is not None:
+            conv.register_forward_pre_hook(self._conv_input)
+
+    def _conv_input(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        self.steps[-1]["input_channels_last"] = args[0].is_contiguous(memory_format=torch.channels_last)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
@@ -73,7 +82,7 @@ class BatchProbe(L.Callback):
         conv = next((m for m in pl_module.modules() if isinstance(m, torch.nn.Conv2d)), None)
         self.steps.append(
             {
-                "input_channels_last": x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last),
+                "input_channels_last": False,  # until the first conv sees it
                 "weight_channels_last": conv is not None
                 and conv.weight.is_contiguous(memory_format=torch.channels_last),
                 "fingerprint": (y.tolist(), round(float(x.double().sum()), 6)),
@@ -294,3 +303,44 @@ class CompileProbe(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.val.append(compiled_frames() - self._at)
+
+
+class PlainDigits(L.LightningDataModule):
+    """A user's own DataModule, as the Lightning docs write one: plain DataLoaders over its own splits,
+    no Lightspeed base class. `num_classes` and `input_shape` are what the model is built from."""
+
+    num_classes = 10
+    input_shape = (1, 8, 8)
+
+    def __init__(self, batch_size: int = 64) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def setup(self, stage: str | None = None) -> None:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16
+        y = torch.tensor(digits.target)
+        self.train_set = TensorDataset(x[:1200], y[:1200])
+        self.val_set, self.test_set = (
+            TensorDataset(x[1200:1500], y[1200:1500]),
+            TensorDataset(x[1500:], y[1500:]),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.test_set, batch_size=self.batch_size)
+
+
+class ShapelessDigits(L.LightningDataModule):
+    """A user's DataModule that does not say what the model needs (no num_classes, no input_shape)."""
+
+    def __init__(self, batch_size: int = 64) -> None:
+        super().__init__()
+        self.batch_size = batch_size

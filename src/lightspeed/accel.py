@@ -18,6 +18,16 @@ from omegaconf import DictConfig, open_dict
 
 from lightspeed.device import can_flush, skip_repeated_cuda_probe, thread_modes
 
+#: The loader settings an accel preset sets under `data.` (where the DataModule's constructor reads them).
+LOADER_KNOBS = (
+    "pin_memory",
+    "num_workers",
+    "persistent_workers",
+    "prefetch_factor",
+    "non_blocking",
+    "on_device",
+)
+
 
 def device_type(cfg: DictConfig) -> str:
     """`cuda`, `mps` or `cpu`: where `trainer.accelerator` will put this run."""
@@ -157,14 +167,16 @@ def resolve_channels_last(cfg: DictConfig, model: torch.nn.Module) -> bool:
     return bool(wanted)
 
 
-def apply_to_model(cfg: DictConfig, model: L.LightningModule, dm: Any) -> None:
-    """channels_last for the weights (and, through the DataModule, the inputs); torch.compile."""
+def apply_to_model(cfg: DictConfig, model: L.LightningModule) -> None:
+    """channels_last for the weights and for the inputs of the module's forward; torch.compile of the
+    module in place. Nothing is asked of the module but that its steps call it (`self(x)`), the
+    idiomatic Lightning way, and nothing of the DataModule."""
     accel = cfg.get("accel", {})
     if accel.get("compile", False):
         model.example_input_array = None  # the summary's batch of 2 would compile a second, dynamic graph
     if resolve_channels_last(cfg, model):
         model.to(memory_format=torch.channels_last)
-        dm.channels_last = True
+        model.register_forward_pre_hook(inputs_channels_last)
     if accel.get("compile", False):
         backend = str(accel.get("compile_backend", "inductor"))
         problem = compile_problem(backend, device_type(cfg))
@@ -176,9 +188,15 @@ def apply_to_model(cfg: DictConfig, model: L.LightningModule, dm: Any) -> None:
             return
         # Module.compile() compiles in place: the state dict keeps its keys (no `_orig_mod.` prefix), so
         # checkpoints load into compiled and uncompiled models alike.
-        model.net.compile(
-            mode=None if accel.compile_mode == "default" else accel.compile_mode, backend=backend
-        )
+        model.compile(mode=None if accel.compile_mode == "default" else accel.compile_mode, backend=backend)
+
+
+def inputs_channels_last(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A forward pre-hook: 4-D tensor arguments in channels_last (those already so pass unchanged)."""
+    return tuple(
+        a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
+        for a in args
+    )
 
 
 def compile_problem(backend: str, device: str) -> str | None:

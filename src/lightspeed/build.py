@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 from hydra.errors import InstantiationException
+from hydra.utils import get_class
 from hydra.utils import instantiate as _instantiate
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor
 from lightning.pytorch.loggers import Logger
@@ -14,10 +16,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import hooks
+from lightspeed.accel import LOADER_KNOBS
 from lightspeed.callbacks import RankSeed
 from lightspeed.checkpoint import AtomicCheckpointIO
 from lightspeed.config import ConfigError
-from lightspeed.data.base import ArrayDataModule
 
 
 def instantiate(node: Any, **kwargs: Any) -> Any:
@@ -34,12 +36,33 @@ def instantiate(node: Any, **kwargs: Any) -> Any:
         raise
 
 
-def datamodule(cfg: DictConfig) -> ArrayDataModule:
-    return instantiate(cfg.data, _convert_="all")
+def datamodule(cfg: DictConfig) -> L.LightningDataModule:
+    """The configured DataModule. The loader knobs that the accel preset sets under `data.` reach it
+    where its constructor takes them; a DataModule of your own that builds its own loaders need not
+    (one info line names what it left to its loaders)."""
+    node = cfg.data
+    try:
+        cls = get_class(str(node.get("_target_")))
+    except (ImportError, ValueError) as err:
+        raise ConfigError(f"data._target_={node.get('_target_')} cannot be imported ({err})") from None
+    params = inspect.signature(cls).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        names = {p.name for p in params}
+        left = [k for k in LOADER_KNOBS if k in node and k not in names]
+        if left:
+            rank_zero_info(f"data: {cls.__name__} takes no {', '.join(left)}: its own loaders decide them")
+            node = OmegaConf.masked_copy(node, [k for k in node if k not in left])
+    return instantiate(node, _convert_="all")
 
 
-def model(cfg: DictConfig, dm: ArrayDataModule) -> L.LightningModule:
+def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
     # What only the data knows (classes, input shape) is passed at run time, never via globals.
+    missing = [name for name in ("num_classes", "input_shape") if not hasattr(dm, name)]
+    if missing:
+        raise ConfigError(
+            f"data: {type(dm).__name__} has no {' and no '.join(missing)}: the model is built from them; "
+            "set them as attributes of your DataModule (e.g. num_classes = 10, input_shape = (1, 28, 28))"
+        )
     module = instantiate(
         cfg.model, num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
     )

@@ -61,7 +61,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         hooks.skip_empty_in_module(model)
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
-        accel.apply_to_model(cfg, model, dm)
+        accel.apply_to_model(cfg, model)
         trainer = build.trainer(cfg)
         accel.report_idle(idle, accel.device_type(cfg))
 

@@ -98,7 +98,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         dm = build.datamodule(cfg)
         model = build.model(cfg, dm)
-        accel.apply_to_model(cfg, model, dm)
+        accel.apply_to_model(cfg, model)
         trainer = build.trainer(cfg, extra_callbacks)
         accel.report_idle(idle, accel.device_type(cfg))
         ckpt_path, start_info = resume.start(cfg)

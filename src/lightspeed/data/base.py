@@ -121,7 +121,6 @@ class ArrayDataModule(L.LightningDataModule):
         self.test_fraction = test_fraction
         self.split_seed = split_seed
         self.normalize = normalize
-        self.channels_last = False  # set by lightspeed.accel when accel.channels_last is on
         self.splits: dict[str, TensorDataset] = {}
         self._device_splits: dict[str, tuple[Tensor, Tensor]] = {}
         self._train_loader: Position | None = None  # its position is saved in checkpoints
@@ -269,7 +268,7 @@ class ArrayDataModule(L.LightningDataModule):
         return apply_to_collection(batch, Tensor, lambda t: t.to(device, non_blocking=non_blocking))
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Augment training batches on the device, where it is cheap; then set the memory format."""
+        """Augment training batches on the device, where it is cheap."""
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             return batch  # not an (inputs, labels) batch: e.g. the model summary's example input
         x, y = batch
@@ -278,6 +277,4 @@ class ArrayDataModule(L.LightningDataModule):
                 x = random_crop(x, int(self.augment["crop_padding"]))
             if self.augment["flip"]:
                 x = random_flip(x)
-        if self.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
         return x, y

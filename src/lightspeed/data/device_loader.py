@@ -15,25 +15,24 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
 
-class EpochOrder:
+class EpochOrder(DistributedSampler):
     """The sample order of one rank in one epoch, a pure function of (seed, epoch, rank).
 
     Shuffled: a permutation drawn from `seed + epoch`, the same on every rank, cut to a multiple of the
     world size and dealt out round-robin, so the ranks get disjoint shards of equal length (DDP needs the
     same number of steps on every rank; at most world_size - 1 samples sit out an epoch, a different few
     each time). Not shuffled (evaluation): every sample exactly once, shards off by at most one.
-    Lightning calls `set_epoch` at each epoch start, as it does for a DistributedSampler.
+    Lightning calls `set_epoch` at each epoch start. It is a `DistributedSampler`, so that Lightning
+    (`use_distributed_sampler=true`, its default) keeps it instead of putting its own in the loader.
     """
 
     def __init__(self, n: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1) -> None:
-        self.n, self.shuffle, self.seed, self.rank, self.world_size = n, shuffle, seed, rank, world_size
-        self.epoch = 0
+        super().__init__(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+        self.n, self.world_size = n, world_size
         self.start = 0  # as a sampler: samples of this epoch to leave out (already trained on)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         if self.shuffle:
