@@ -17,7 +17,7 @@ here each piece is timed on its own: the old and the new version of it alternate
   callback (Lightning's own way) against only the ones that do something (`lightspeed.hooks`);
 - Lightning naming the running hook on the LightningModule (`_current_fx_name`, set and restored around
   each module, callback and strategy hook: 28 times a training step with the default callbacks, counted):
-  `nn.Module.__setattr__` against the instance dict (`lightspeed.hooks.CheapHookNames`);
+  `nn.Module.__setattr__` against the instance dict (`lightspeed.compat.hooks.CheapHookNames`);
 - the CUDA check in every optimizer step: under Lightning's NVML-based check (which, with torch's CUDA
   build and no GPU, asks NVML each time) against torch's cached one (`device.skip_repeated_cuda_probe`);
 - the wide MLP's fused AdamW step once most of its momentum has decayed into denormals (dead ReLU
@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightspeed import device as device_facts
-from lightspeed import hooks
+from lightspeed.compat import hooks
 from lightspeed.data.device_loader import EpochOrder, WholeBatches, whole_batch
 from lightspeed.entry import compose_config
 from lightspeed.models.metrics import Accuracy

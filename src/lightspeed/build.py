@@ -15,10 +15,10 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
-from lightspeed import hooks
 from lightspeed.accel import LOADER_KNOBS
 from lightspeed.callbacks import RankSeed
 from lightspeed.checkpoint import AtomicCheckpointIO
+from lightspeed.compat import hooks
 from lightspeed.config import ConfigError
 
 

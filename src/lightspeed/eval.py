@@ -11,7 +11,8 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from lightspeed import accel, build, checkpoint, hooks, summary
+from lightspeed import accel, build, checkpoint, summary
+from lightspeed.compat import hooks
 from lightspeed.config import ConfigError, exit_on_config_error, validate_common
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.entry import hydra_entry

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig
 
 from lightspeed import accel, build, checkpoint, resume, summary
+from lightspeed.compat.trainer import launched_ranks
 from lightspeed.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.entry import hydra_entry
 from lightspeed.failures import TrainingFailure, exit_on_failure, is_out_of_memory
@@ -56,7 +57,7 @@ def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
     try:
         yield
     except (Exception, KeyboardInterrupt) as err:
-        procs = getattr(trainer.strategy.launcher, "procs", None)  # the ranks it started, if any
+        procs = launched_ranks(trainer)
         if not procs or getattr(err, "agreed", False):  # agreed: each rank exits by itself
             raise
         if isinstance(err, (ConfigError, TrainingFailure)) or is_out_of_memory(err):  # ours, explained

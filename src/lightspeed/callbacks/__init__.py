@@ -5,7 +5,7 @@ from lightspeed.callbacks.preemption import Preemption
 from lightspeed.callbacks.progress import ProgressBar
 from lightspeed.callbacks.rank_seed import RankSeed
 from lightspeed.callbacks.speed import SpeedReport
-from lightspeed.callbacks.stock import EarlyStopping, ModelCheckpoint
+from lightspeed.compat.callbacks import EarlyStopping, ModelCheckpoint
 
 __all__ = [
     "EarlyStopping",

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from lightspeed.compat.hooks import switch_off
 from lightspeed.config import ConfigError
 from lightspeed.failures import TrainingFailure
 
@@ -51,8 +52,7 @@ class NonFiniteGuard(L.Callback):
             if action == "stop"
             else ("on_train_batch_end",)
         )
-        for hook in unused:
-            setattr(self, hook, None)
+        switch_off(self, unused)
 
     # --- stop ---------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightspeed.callbacks.stock import validation_follows
+from lightspeed.compat.callbacks import validation_follows
 from lightspeed.failures import Preempted
 
 

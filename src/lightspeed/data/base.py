@@ -9,12 +9,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightspeed.compat.trainer import UnrepeatedDistributedSampler
 from lightspeed.config import ConfigError
 from lightspeed.data.augment import random_crop, random_flip
 from lightspeed.data.device_loader import (

@@ -14,8 +14,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lightspeed import ranks
+from lightspeed.compat.hooks import CheapHookNames
+from lightspeed.compat.trainer import logs_this_step, mark_updated
 from lightspeed.config import ConfigError
-from lightspeed.hooks import CheapHookNames
 from lightspeed.models.metrics import Accuracy
 from lightspeed.models.nets import build_net
 from lightspeed.models.optim import build_optimizer, build_scheduler, schedule_length
@@ -84,7 +85,7 @@ class Classifier(CheapHookNames, L.LightningModule):
             return
         for name, value in state.items():
             setattr(self.train_acc, name, value.to(self.device))
-        self.train_acc._update_count += 1
+        mark_updated(self.train_acc)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
@@ -102,7 +103,7 @@ class Classifier(CheapHookNames, L.LightningModule):
         if self._logged_epoch != self.current_epoch:
             self._logged_epoch = self.current_epoch
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
-        if batch_idx == 0 or self.trainer._logger_connector.should_update_logs:
+        if batch_idx == 0 or logs_this_step(self.trainer):
             self.log("train/loss", loss)
         return loss
 

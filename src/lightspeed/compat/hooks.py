@@ -49,6 +49,12 @@ def skip_empty(obj: Any, base: type, names: tuple[str, ...] = TRAINING + EVALUAT
     return skipped
 
 
+def switch_off(obj: Any, names: tuple[str, ...]) -> None:
+    """Take the hooks in `names` off Lightning's hot path for this instance (it skips a hook set to None)."""
+    for name in names:
+        setattr(obj, name, None)
+
+
 def skip_empty_in_module(module: Any) -> list[str]:
     """`skip_empty` for a LightningModule: its training hooks only (see EVALUATION)."""
     return skip_empty(module, L.LightningModule, TRAINING)

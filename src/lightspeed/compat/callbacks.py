@@ -14,6 +14,8 @@ import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping as _EarlyStopping
 from lightning.pytorch.callbacks import ModelCheckpoint as _ModelCheckpoint
 
+from lightspeed.compat.trainer import is_last_batch
+
 
 class _StateKeyOnce:
     @property
@@ -96,7 +98,7 @@ class EarlyStopping(_StateKeyOnce, _EarlyStopping):
 
 def validation_follows(trainer: L.Trainer) -> bool:
     """This is the epoch's last batch and a validation runs right after it."""
-    if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or not trainer.enable_validation:
+    if not is_last_batch(trainer) or not trainer.enable_validation:
         return False
     batches = trainer.num_val_batches
     every = trainer.check_val_every_n_epoch

@@ -1,0 +1,39 @@
+"""What Lightspeed reads of a running Trainer beyond its public API."""
+
+from __future__ import annotations
+
+from subprocess import Popen
+
+import lightning as L
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torchmetrics import Metric
+
+__all__ = [
+    "UnrepeatedDistributedSampler",
+    "is_last_batch",
+    "launched_ranks",
+    "logs_this_step",
+    "mark_updated",
+]
+
+
+def logs_this_step(trainer: L.Trainer) -> bool:
+    """Whether the logger writes at this training step (every `log_every_n_steps`)."""
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+def is_last_batch(trainer: L.Trainer) -> bool:
+    """Whether the training batch now running is its epoch's last."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
+def launched_ranks(trainer: L.Trainer) -> list[Popen]:
+    """The processes Lightning's launcher started for the other ranks (`trainer=ddp` on one machine);
+    empty in those ranks and without a launcher."""
+    return list(getattr(trainer.strategy.launcher, "procs", None) or [])
+
+
+def mark_updated(metric: Metric) -> None:
+    """Tell a torchmetrics Metric whose state was set by hand that it holds updates, so that `compute`
+    neither warns nor returns its default."""
+    metric._update_count += 1

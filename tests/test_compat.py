@@ -1,0 +1,155 @@
+"""Every assumption `lightspeed.compat` makes about Lightning's internals, checked on the installed
+version: when an upgrade breaks one, the failing test names it and the compat function to mend."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightspeed.compat import hooks
+from lightspeed.compat import trainer as compat
+
+VERSION = L.__version__
+
+
+def broken(what: str, where: str) -> str:
+    return f"Lightning {VERSION}: {what} no longer holds; mend lightspeed.compat.{where}"
+
+
+class Tiny(L.LightningModule):
+    """The smallest module that trains: 6 samples, batch 2, 3 steps an epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 2)
+        self.seen: list[Any] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.seen.append(compat.logs_this_step(self.trainer))
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.randn(6, 2)), batch_size=2)
+
+
+def fit(module: L.LightningModule, callbacks: list[L.Callback], **kwargs: Any) -> L.Trainer:
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        **kwargs,
+    )
+    trainer.fit(module)
+    return trainer
+
+
+def test_lightning_is_the_minor_series_the_compat_layer_was_checked_on() -> None:
+    assert VERSION.startswith("2.6."), broken("the version pin (lightning 2.6.x in pyproject.toml)", "*")
+
+
+def test_logs_this_step_follows_log_every_n_steps() -> None:
+    module = Tiny()
+    fit(module, [], log_every_n_steps=2)
+    assert module.seen == [False, True, False, True, False, True], broken(
+        "_logger_connector.should_update_logs", "trainer.logs_this_step"
+    )
+
+
+def test_is_last_batch_marks_each_epochs_last_batch() -> None:
+    class Last(L.Callback):
+        def __init__(self) -> None:
+            self.seen: list[bool] = []
+
+        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+            self.seen.append(compat.is_last_batch(trainer))
+
+    probe = Last()
+    fit(Tiny(), [probe])
+    assert probe.seen == [False, False, True] * 2, broken(
+        "fit_loop.epoch_loop.batch_progress.is_last_batch", "trainer.is_last_batch"
+    )
+
+
+def test_a_hook_set_to_none_is_skipped_by_the_dispatcher() -> None:
+    class Counting(L.Callback):
+        calls = 0
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            Counting.calls += 1
+
+    off = Counting()
+    hooks.switch_off(off, ("on_train_batch_end",))
+    fit(Tiny(), [off, Counting()])
+    assert Counting.calls == 6, broken("a hook set to None is not called", "hooks.switch_off / skip_empty")
+
+
+def test_the_hook_name_is_a_plain_instance_attribute() -> None:
+    class Named(hooks.CheapHookNames, Tiny):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.seen.append(self.__dict__.get("_current_fx_name"))
+            return super().training_step(batch, batch_idx)
+
+    module = Named()
+    fit(module, [])
+    assert "training_step" in module.seen, broken(
+        "_current_fx_name names the running hook", "hooks.CheapHookNames"
+    )
+
+
+def test_the_launcher_keeps_the_ranks_it_started() -> None:
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    assert launcher.procs == [], broken("_SubprocessScriptLauncher.procs", "trainer.launched_ranks")
+
+
+def test_a_metric_marked_updated_computes_its_state_without_a_warning() -> None:
+    from torchmetrics.aggregation import SumMetric
+
+    metric = SumMetric()
+    metric.sum_value = torch.tensor(3.0)
+    compat.mark_updated(metric)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "compute called before update" would be one
+        assert float(metric.compute()) == 3.0, broken("Metric._update_count", "trainer.mark_updated")
+
+
+def test_unrepeated_sampler_gives_each_sample_to_exactly_one_rank() -> None:
+    data = list(range(7))
+    shards = [
+        list(compat.UnrepeatedDistributedSampler(data, num_replicas=2, rank=r, shuffle=False)) for r in (0, 1)
+    ]
+    assert sorted(shards[0] + shards[1]) == data, broken("UnrepeatedDistributedSampler", "trainer")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "_every_n_train_steps",
+        "_train_time_interval",
+        "_every_n_epochs",
+        "_last_global_step_saved",
+        "_should_skip_saving_checkpoint",
+        "_should_save_on_train_epoch_end",
+        "_monitor_candidates",
+        "_save_topk_checkpoint",
+        "_save_last_checkpoint",
+        "_ModelCheckpoint__warn_if_dir_not_empty",
+    ],
+)
+def test_model_checkpoint_has_the_private_members_the_subclass_uses(name: str) -> None:
+    assert hasattr(ModelCheckpoint(), name), broken(f"ModelCheckpoint.{name}", "callbacks.ModelCheckpoint")
