@@ -95,30 +95,51 @@ class BatchProbe(L.Callback):
             self.steps[-1]["grad_norm"] = float(torch.stack(grads).norm())
 
 
-class SlowLoader:
-    """Wraps a loader and sleeps before each batch, as a slow disk or decoder would."""
+class Clock:
+    """`time.perf_counter`, plus the seconds that `advance` added: a clock a test controls (put it in
+    place of a module's `time`)."""
 
-    def __init__(self, loader: Any, seconds: float) -> None:
-        self.loader, self.seconds = loader, seconds
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+CLOCK = Clock()
+
+
+class SlowLoader:
+    """Wraps a loader and waits before each batch, as a slow disk or decoder would: for real, or on
+    `CLOCK` (`virtual`)."""
+
+    def __init__(self, loader: Any, seconds: float, virtual: bool = False) -> None:
+        self.loader, self.seconds, self.virtual = loader, seconds, virtual
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Any:
         for batch in self.loader:
-            time.sleep(self.seconds)
+            if self.virtual:
+                CLOCK.advance(self.seconds)
+            else:
+                time.sleep(self.seconds)
             yield batch
 
 
 class SlowDigits(DigitsDataModule):
-    """Digits whose training batches take `delay` seconds each to arrive."""
+    """Digits whose training batches take `delay` seconds each to arrive (on `CLOCK` if `virtual`)."""
 
-    def __init__(self, delay: float = 0.02, **kwargs: Any) -> None:
+    def __init__(self, delay: float = 0.02, virtual: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.delay = delay
+        self.delay, self.virtual = delay, virtual
 
     def train_dataloader(self) -> Any:
-        return SlowLoader(super().train_dataloader(), self.delay)
+        return SlowLoader(super().train_dataloader(), self.delay, self.virtual)
 
 
 class Fault(L.Callback):
@@ -344,3 +365,43 @@ class ShapelessDigits(L.LightningDataModule):
     def __init__(self, batch_size: int = 64) -> None:
         super().__init__()
         self.batch_size = batch_size
+
+
+class PlainClassifier(L.LightningModule):
+    """A user's own LightningModule, as the Lightning docs write one: torchmetrics' accuracy logged the
+    documented way, its own optimizer, no Lightspeed base class or helper."""
+
+    def __init__(self, num_classes: int, input_shape: list[int], lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        features = int(torch.tensor(input_shape).prod())
+        self.net = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(features, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2)
+        )
+        self.head = torch.nn.Linear(64, num_classes)
+        from torchmetrics.classification import MulticlassAccuracy
+
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.net(x))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        self.train_acc.update(logits, y)
+        self.log("train/loss", loss)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.val_acc.update(logits, y)
+        self.log("val/loss", torch.nn.functional.cross_entropy(logits, y))
+        self.log("val/acc", self.val_acc)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"], momentum=0.9)

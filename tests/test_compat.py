@@ -83,6 +83,21 @@ def test_is_last_batch_marks_each_epochs_last_batch() -> None:
     )
 
 
+def test_batches_done_in_epoch_counts_the_epochs_finished_batches() -> None:
+    class Done(L.Callback):
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+            self.seen.append(compat.batches_done_in_epoch(trainer))
+
+    probe = Done()
+    fit(Tiny(), [probe])
+    assert probe.seen == [0, 1, 2] * 2, broken(
+        "fit_loop.epoch_loop.batch_progress.current.processed", "trainer.batches_done_in_epoch"
+    )
+
+
 def test_a_hook_set_to_none_is_skipped_by_the_dispatcher() -> None:
     class Counting(L.Callback):
         calls = 0

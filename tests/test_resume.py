@@ -65,7 +65,7 @@ def test_a_schedule_cannot_be_stretched_on_resume(train_cfg, capsys) -> None:
             train_cfg(*TINY, "test_after_fit=false", "model.scheduler.name=onecycle", "trainer.max_epochs=3")
         )
     assert exit_.value.code == 2
-    assert "schedule spans 10 steps, this run 15" in capsys.readouterr().err
+    assert "schedule spans 10 steps, this run's 15" in capsys.readouterr().err
 
 
 def test_resume_never_refuses_to_overwrite_a_run(train_cfg, run_dir: Path) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import TINY, run_module
 from lightspeed.train import train
@@ -54,3 +55,44 @@ def test_a_plain_datamodule_under_ddp_cpu_gives_each_rank_its_own_shard(tmp_path
     ranks = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
     a, b = (set(r["indices"]) for r in ranks)
     assert ranks[0]["dataset_size"] == 1200 and not a & b and len(a) == len(b) == 600
+
+
+USER_MODEL = ["~model", "+model._target_=probes.PlainClassifier"]
+
+
+@pytest.mark.parametrize("step", [5, 8], ids=["epoch end", "mid-epoch"])
+def test_a_plain_lightning_module_resumes_bit_exactly(train_cfg, tmp_path: Path, step: int) -> None:
+    """Its torchmetrics accuracy, on every rank, and the run's figures travel in the checkpoint through
+    ExactResume: the module knows nothing of it."""
+    from probes import Fault
+
+    base = [*TINY, *USER_MODEL, "trainer.max_epochs=3", "test_after_fit=false"]
+    whole = train(train_cfg(*base, f"paths.output_dir={tmp_path / 'whole'}"))
+    cut = [*base, f"paths.output_dir={tmp_path / 'cut'}"]
+    with pytest.raises(SystemExit):
+        train(train_cfg(*cut), [Fault("sigterm", step=step - 1)])  # saved once step `step` is done
+    resumed = train(train_cfg(*cut))
+    assert resumed.trainer.global_step == whole.trainer.global_step == 15
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    assert resumed.metrics == whole.metrics  # train/acc over the whole final epoch, on both
+
+
+def test_a_mid_epoch_resume_with_a_plain_dataloader_says_the_epoch_replays(
+    train_cfg, tmp_path, caplog
+) -> None:
+    import logging
+
+    from probes import Fault
+
+    cut = [*TINY, *PLAIN, "trainer.max_epochs=2", "test_after_fit=false", f"paths.output_dir={tmp_path}"]
+    with pytest.raises(SystemExit):
+        train(train_cfg(*cut), [Fault("sigterm", step=2)])  # saved after batch 3 of 5
+    with caplog.at_level(logging.INFO):
+        train(train_cfg(*cut))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed at batch")]
+    assert lines == [
+        "resumed at batch 3 of 5 in epoch 0, but the training loader has no state_dict: the rest of the "
+        "epoch replays its first batches (a loader with state_dict/load_state_dict, e.g. torchdata's "
+        "StatefulDataLoader, resumes exactly)"
+    ]

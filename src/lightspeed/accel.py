@@ -93,9 +93,11 @@ def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
     of a small model's optimizer step in Python (AdamW on the small MLP: 185 us fused vs 624 us a step,
     on the wide one 0.7 vs 5.1 ms: docs/performance.md), and torch's choice elsewhere."""
     impl = str(cfg.get("accel", {}).get("optimizer_impl", "torch"))
-    if impl == "torch" or "model" not in cfg:  # eval builds no optimizer
+    opt = cfg.get("model", {}).get("optimizer")  # eval builds none; a module of your own may make its own
+    if impl == "torch" or not opt or "name" not in opt:
+        if impl not in ("torch", "auto") and "model" in cfg:
+            return [f"accel.optimizer_impl={impl} (model.optimizer names no torch.optim class)"]
         return []
-    opt = cfg.model.optimizer
     opt_cls = getattr(torch.optim, str(opt.name), None)
     params = inspect.signature(opt_cls).parameters if isinstance(opt_cls, type) else {}
     explicit = impl != "auto"

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.accel import LOADER_KNOBS
-from lightspeed.callbacks import RankSeed
+from lightspeed.callbacks import ExactResume, RankSeed
 from lightspeed.checkpoint import AtomicCheckpointIO
 from lightspeed.compat import hooks
 from lightspeed.config import ConfigError
@@ -66,7 +66,7 @@ def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
     module = instantiate(
         cfg.model, num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
     )
-    hooks.skip_empty_in_module(module)
+    hooks.speed_up_module(module)
     return module
 
 
@@ -84,7 +84,8 @@ def loggers(cfg: DictConfig) -> list[Logger]:
 
 
 def callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
-    """The configured callbacks, plus RankSeed, which every seeded run needs whatever `callbacks=` says."""
+    """The configured callbacks, plus RankSeed and ExactResume, which every training run needs whatever
+    `callbacks=` says."""
     found: list[Callback] = _group(cfg.get("callbacks"))
     if not has_logger and any(isinstance(cb, LearningRateMonitor) for cb in found):
         rank_zero_info("logger=none: LearningRateMonitor has nowhere to write, so it is left out")
@@ -92,7 +93,7 @@ def callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
     if cfg.trainer.get("limit_val_batches") == 0 and any(isinstance(cb, EarlyStopping) for cb in found):
         rank_zero_info("trainer.limit_val_batches=0: no validation, so EarlyStopping is left out")
         found = [cb for cb in found if not isinstance(cb, EarlyStopping)]
-    return [*found, RankSeed(cfg.seed)] if "seed" in cfg else found  # eval has no seed
+    return [*found, RankSeed(cfg.seed), ExactResume()] if "seed" in cfg else found  # eval has no seed
 
 
 def trainer(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:

@@ -59,7 +59,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         # the model to whatever device this run uses. weights_only: loading never executes code.
         with checkpoint.loading(ckpt):
             model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
-        hooks.skip_empty_in_module(model)
+        hooks.speed_up_module(model)
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
         accel.apply_to_model(cfg, model)

@@ -1,5 +1,6 @@
 """Lightning callbacks that Lightspeed adds to every run."""
 
+from lightspeed.callbacks.exact_resume import ExactResume
 from lightspeed.callbacks.nonfinite import NonFiniteGuard
 from lightspeed.callbacks.preemption import Preemption
 from lightspeed.callbacks.progress import ProgressBar
@@ -9,6 +10,7 @@ from lightspeed.compat.callbacks import EarlyStopping, ModelCheckpoint
 
 __all__ = [
     "EarlyStopping",
+    "ExactResume",
     "ModelCheckpoint",
     "NonFiniteGuard",
     "Preemption",

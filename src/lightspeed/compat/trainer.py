@@ -10,6 +10,7 @@ from torchmetrics import Metric
 
 __all__ = [
     "UnrepeatedDistributedSampler",
+    "batches_done_in_epoch",
     "is_last_batch",
     "launched_ranks",
     "logs_this_step",
@@ -25,6 +26,11 @@ def logs_this_step(trainer: L.Trainer) -> bool:
 def is_last_batch(trainer: L.Trainer) -> bool:
     """Whether the training batch now running is its epoch's last."""
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
+def batches_done_in_epoch(trainer: L.Trainer) -> int:
+    """Training batches of the current epoch already done (after a restore: as the checkpoint says)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
 
 def launched_ranks(trainer: L.Trainer) -> list[Popen]:

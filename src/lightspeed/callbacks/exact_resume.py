@@ -1,0 +1,101 @@
+"""What an exact resume needs of any LightningModule, kept out of the module itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+from torchmetrics import Metric
+
+from lightspeed import ranks
+from lightspeed.compat.trainer import batches_done_in_epoch, mark_updated
+from lightspeed.config import ConfigError
+
+# the attribute that holds a schedule's length, for the schedules whose length is fixed when made
+_LENGTH = ("total_steps", "T_max")
+
+
+class ExactResume(L.Callback):
+    """Saves with every checkpoint, and restores when training starts:
+
+    - the state of every torchmetrics `Metric` the module holds, on every rank (each rank counts its own
+      batches), so that a run resumed mid-epoch reports the epoch's metrics over all its batches;
+    - the run's latest `train/*` and `val/*` figures, so that a resumed run reports them where it has not
+      measured them again (after its training had finished, or resumed past the last logging step).
+
+    And it refuses, in one line, a resume whose LR schedule would span another number of steps than the
+    checkpoint's (a schedule cannot be stretched: its restored state would silently keep the old length).
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, Any] | None = None  # metric states restored, not yet applied
+        self._latest: dict[str, float] = {}  # the checkpoint's figures, until measured again
+        self._schedules: list[int | None] = []  # the checkpoint's schedule lengths
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
+        if self._pending is not None:  # saved right after a restore, before on_train_start applied it
+            checkpoint["metric_state"] = self._pending
+        else:
+            mine = {
+                name: {
+                    "updates": m.update_count,
+                    "state": {k: v.detach().cpu() for k, v in m.metric_state.items()},
+                }
+                for name, m in _metrics(pl_module)
+            }
+            checkpoint["metric_state"] = {"epoch": trainer.current_epoch, "ranks": ranks.gather(mine)}
+        logged = trainer.callback_metrics.items()
+        self._latest.update({k: float(v) for k, v in logged if k.startswith(("train/", "val/"))})
+        checkpoint["metrics"] = dict(self._latest)
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
+        self._pending = checkpoint.get("metric_state")
+        self._latest = dict(checkpoint.get("metrics", {}))
+        self._schedules = [_length(s) for s in checkpoint.get("lr_schedulers") or []]
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The schedules are made (configure_optimizers) and not yet restored: compare their lengths."""
+        made = [_length(config.scheduler.state_dict()) for config in trainer.lr_scheduler_configs]
+        for restored, length in zip(self._schedules, made, strict=False):
+            if None not in (restored, length) and restored != length:
+                raise ConfigError(
+                    f"the checkpoint's LR schedule spans {restored} steps, this run's {length} "
+                    "(trainer.max_epochs or max_steps changed?); a schedule cannot be stretched: keep the "
+                    "length it was started with, or start a new run"
+                )
+        self._schedules = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Lightning skips on_train_epoch_start when it resumes mid-epoch: restore here."""
+        done, total = batches_done_in_epoch(trainer), trainer.num_training_batches
+        if 0 < done < total and not hasattr(trainer.train_dataloader, "state_dict"):
+            rank_zero_info(
+                f"resumed at batch {done} of {total} in epoch {trainer.current_epoch}, but the training "
+                "loader has no state_dict: the rest of the epoch replays its first batches (a loader with "
+                "state_dict/load_state_dict, e.g. torchdata's StatefulDataLoader, resumes exactly)"
+            )
+        restored, self._pending = self._pending, None
+        if restored is None or restored.get("epoch") != trainer.current_epoch:
+            return
+        if len(restored["ranks"]) != trainer.world_size:
+            rank_zero_info("the epoch's metrics restart: the checkpoint has another number of ranks")
+            return
+        saved = restored["ranks"][trainer.global_rank]
+        for name, metric in _metrics(pl_module):
+            mine = saved.get(name)
+            if mine is None or mine["state"].keys() != metric.metric_state.keys():
+                rank_zero_info(f"the epoch's {name} restarts: the checkpoint counts it another way")
+                continue
+            if mine["updates"]:
+                for key, value in mine["state"].items():
+                    setattr(metric, key, value.to(pl_module.device))
+                mark_updated(metric)
+
+
+def _metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, Metric)]
+
+
+def _length(state: dict[str, Any]) -> int | None:
+    return next((int(state[k]) for k in _LENGTH if k in state), None)
