@@ -53,6 +53,7 @@ def test_presets_compose_to_what_they_promise(train_cfg) -> None:
 def test_auto_values_on_a_cpu(train_cfg) -> None:
     cfg = train_cfg("trainer.accelerator=cpu")
     assert accel.resolve(cfg) == []
+    assert cfg.data.num_workers == 0  # workers would take the cores that compute
     assert (cfg.trainer.precision, cfg.trainer.benchmark, cfg.data.pin_memory, cfg.data.non_blocking) == (
         "32-true",
         False,
@@ -210,7 +211,7 @@ def test_non_blocking_reaches_the_host_to_device_copy() -> None:
         return real_to(self, *args, **kwargs)
 
     batch = (torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.long))
-    for knob, expected in ((True, True), (False, False), ("auto", False)):  # auto: only towards CUDA
+    for knob, expected in ((True, True), (False, False)):  # `auto` is resolved by accel, before
         seen.clear()
         with mock.patch.object(torch.Tensor, "to", spy):
             DigitsDataModule(non_blocking=knob).transfer_batch_to_device(batch, torch.device("cpu"), 0)
@@ -348,3 +349,30 @@ def test_channels_last_auto_is_on_only_for_convolutions_on_a_gpu(train_cfg) -> N
         assert cfg.accel.channels_last == "auto"
         assert accel.resolve_channels_last(cfg, net) is expected and cfg.accel.channels_last is expected
     assert accel.resolve_channels_last(train_cfg("accel=max", "trainer.accelerator=cpu"), mlp) is True
+
+
+def test_auto_num_workers_shares_the_cpus_among_devices(monkeypatch) -> None:
+    monkeypatch.setattr("lightspeed.accel.cpu_count", lambda: 32)
+    assert accel.auto_num_workers(1) == 8  # capped
+    assert accel.auto_num_workers(4) == 7
+    assert accel.auto_num_workers(32) == 0
+    monkeypatch.setattr("lightspeed.accel.cpu_count", lambda: 2)
+    assert accel.auto_num_workers(1) == 1
+    assert accel.auto_num_workers(1, "cpu") == 0  # workers would compete with the computation for the cores
+
+
+def test_every_loader_auto_is_resolved_once_for_the_run_s_devices(train_cfg, monkeypatch) -> None:
+    """accel is the one resolver: the DataModule and the Trainer receive concrete values."""
+    monkeypatch.setattr("lightspeed.accel.cpu_count", lambda: 16)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    cfg = train_cfg("trainer=ddp")  # every visible GPU: 4 processes share the 16 CPUs
+    accel.resolve(cfg)
+    assert (cfg.data.num_workers, cfg.data.pin_memory, cfg.data.non_blocking) == (3, True, True)
+    assert (cfg.trainer.precision, cfg.trainer.benchmark) == ("bf16-mixed", True)
+    loader = {k: v for k, v in cfg.data.items() if k in accel.LOADER_KNOBS and k != "on_device"}
+    assert "auto" not in loader.values()  # on_device=auto is decided where the data's size is known
+    from lightspeed import CONF_DIR
+
+    trainer_files = "".join(p.read_text() for p in (CONF_DIR / "trainer").glob("*.yaml"))
+    assert "precision:" not in trainer_files and "benchmark:" not in trainer_files  # the accel preset's

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightspeed.config import ConfigError
-from lightspeed.data import DigitsDataModule, SyntheticDataModule, auto_num_workers
+from lightspeed.data import DigitsDataModule, SyntheticDataModule
 from lightspeed.data.device_loader import EpochOrder
 
 
@@ -71,30 +71,6 @@ def test_loader_settings_reach_the_dataloader() -> None:
     assert isinstance(dm.val_dataloader().sampler, torch.utils.data.SequentialSampler)
 
 
-def test_auto_settings_without_a_gpu() -> None:
-    dm = DigitsDataModule(num_workers="auto", pin_memory="auto")
-    dm.setup()
-    loader = dm.train_dataloader()
-    assert loader.pin_memory is False  # no CUDA device to copy to
-    assert loader.num_workers == auto_num_workers(1, "cpu") == 0
-    assert loader.persistent_workers == (loader.num_workers > 0)
-
-
-def test_auto_pins_memory_when_batches_go_to_a_cuda_device() -> None:
-    dm = DigitsDataModule(num_workers=0, pin_memory="auto")
-    dm.setup()
-    # what the DataModule reads of the Trainer: the device the strategy trains on
-    dm.trainer = SimpleNamespace(
-        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)),
-        num_devices=1,
-        world_size=1,
-        global_rank=0,
-    )
-    assert dm._resolved_pin_memory() is True
-    dm.trainer.strategy.root_device = torch.device("cpu")
-    assert dm._resolved_pin_memory() is False
-
-
 def test_ddp_evaluation_sees_each_sample_exactly_once() -> None:
     seen = []
     for rank in (0, 1):
@@ -108,16 +84,6 @@ def test_ddp_evaluation_sees_each_sample_exactly_once() -> None:
         )
         seen.append(list(iter(dm.test_dataloader().sampler)))
     assert sorted(seen[0] + seen[1]) == list(range(359))  # 359 is odd: no padding repeats
-
-
-def test_auto_num_workers_shares_the_cpus_among_devices(monkeypatch) -> None:
-    monkeypatch.setattr("lightspeed.data.base.cpu_count", lambda: 32)
-    assert auto_num_workers(1) == 8  # capped
-    assert auto_num_workers(4) == 7
-    assert auto_num_workers(32) == 0
-    monkeypatch.setattr("lightspeed.data.base.cpu_count", lambda: 2)
-    assert auto_num_workers(1) == 1
-    assert auto_num_workers(1, "cpu") == 0  # workers would compete with the computation for the cores
 
 
 @pytest.mark.parametrize("on_device", [True, False], ids=["device loader", "DataLoader"])

@@ -14,9 +14,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.device import can_flush, skip_repeated_cuda_probe, thread_modes
+from lightspeed.device import can_flush, cpu_count, skip_repeated_cuda_probe, thread_modes
 
 #: The loader settings an accel preset sets under `data.` (where the DataModule's constructor reads them).
 LOADER_KNOBS = (
@@ -27,6 +27,26 @@ LOADER_KNOBS = (
     "non_blocking",
     "on_device",
 )
+
+
+def auto_num_workers(devices_per_node: int, device_type: str = "cuda") -> int:
+    """Loader workers per device. On a GPU: the CPUs this process may use, shared among the devices, one
+    kept for the training process itself, at most 8. On a CPU: none, since workers would take cores
+    from the computation itself, and slicing in-memory tensors is cheap."""
+    if device_type != "cuda":
+        return 0
+    return max(0, min(8, cpu_count() // max(1, devices_per_node) - 1))
+
+
+def devices_per_node(cfg: DictConfig) -> int:
+    """The processes this run starts on each machine: `trainer.devices` as a count, a list, or -1/auto
+    (every visible GPU)."""
+    devices = cfg.trainer.get("devices", 1)
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+        return len(devices)
+    return max(1, torch.cuda.device_count()) if device_type(cfg) == "cuda" else 1
 
 
 def device_type(cfg: DictConfig) -> str:
@@ -62,6 +82,8 @@ def resolve(cfg: DictConfig) -> list[str]:
             trainer.benchmark = cuda and not trainer.get("deterministic")
         elif trainer.get("benchmark") is True and not cuda:
             idle.append("trainer.benchmark=true")  # only sets a cuDNN flag: harmless, kept
+        if data.get("num_workers") == "auto":
+            data.num_workers = auto_num_workers(devices_per_node(cfg), device)
         for key in ("pin_memory", "non_blocking"):
             if data.get(key) == "auto":
                 data[key] = cuda

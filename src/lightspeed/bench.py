@@ -146,17 +146,13 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
         benchmark=bool(cfg.trainer.benchmark),
         on_device=on_device,
         pin_memory=bool(data["pin_memory"]),
-        num_workers=0 if data["num_workers"] == "auto" else int(data["num_workers"]),
+        num_workers=int(data["num_workers"]),
         non_blocking=bool(data["non_blocking"]),
         drop_last=bool(data.get("drop_last", True)),
         gradient_clip_val=cfg.trainer.get("gradient_clip_val"),
         augment=data.get("augment") or {},
         seed=int(cfg.seed),
     )
-    if data["num_workers"] == "auto":
-        from lightspeed.data.base import auto_num_workers
-
-        settings.num_workers = auto_num_workers(1, device)
     result = handloop.train(net, x, y, settings)
     result.update(device=_device_name(device), precision=settings.precision, data_wait_share=None)
     run_dir.mkdir(parents=True, exist_ok=True)

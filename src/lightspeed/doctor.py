@@ -28,8 +28,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from lightspeed.accel import compile_problem
-from lightspeed.data.base import auto_num_workers
+from lightspeed.accel import auto_num_workers, compile_problem
 from lightspeed.device import cpu_count
 
 # Oldest Linux driver for each CUDA major version of torch's build (CUDA's minor-version compatibility).

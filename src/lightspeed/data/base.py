@@ -25,7 +25,6 @@ from lightspeed.data.device_loader import (
     WholeBatches,
     whole_batch,
 )
-from lightspeed.device import cpu_count
 
 #: Device-resident data may take at most this share of the device's free memory: the rest is for
 #: weights, optimizer state and activations.
@@ -68,15 +67,6 @@ def on_device_choice(
     return False, f"{message}: using a DataLoader (workers, pinned memory)"
 
 
-def auto_num_workers(devices_per_node: int, device_type: str = "cuda") -> int:
-    """Loader workers per device. On a GPU: the CPUs this process may use, shared among the devices, one
-    kept for the training process itself, at most 8. On a CPU: none, since workers would take cores
-    from the computation itself, and slicing in-memory tensors is cheap."""
-    if device_type != "cuda":
-        return 0
-    return max(0, min(8, cpu_count() // max(1, devices_per_node) - 1))
-
-
 class ArrayDataModule(L.LightningDataModule):
     """Subclasses say what the arrays are (`load_arrays`) and their shape; this class does the rest.
 
@@ -84,6 +74,9 @@ class ArrayDataModule(L.LightningDataModule):
     rerun; inputs are standardised with statistics of the train split only. Training batches all have
     `batch_size` samples (`drop_last`: a compiled model would recompile for a smaller last batch, and
     the epoch's order moves the left-out few each epoch); evaluation sees every sample.
+
+    Loader settings arrive as concrete values: a run's `auto`s are resolved once, by `lightspeed.accel`.
+    `on_device="auto"` is decided here, where the data set's size is known (`on_device_choice`).
     """
 
     #: (C, H, W) of one input and the number of classes; subclasses set them (or compute them from
@@ -94,11 +87,11 @@ class ArrayDataModule(L.LightningDataModule):
     def __init__(
         self,
         batch_size: int = 64,
-        num_workers: int | str = "auto",
-        pin_memory: bool | str = "auto",
+        num_workers: int = 0,
+        pin_memory: bool = False,
         persistent_workers: bool = True,
         prefetch_factor: int | None = None,
-        non_blocking: bool | str = "auto",
+        non_blocking: bool = False,
         on_device: bool | str = False,
         drop_last: bool = True,
         augment: dict[str, Any] | None = None,
@@ -168,18 +161,6 @@ class ArrayDataModule(L.LightningDataModule):
     def _ranks(self) -> tuple[int, int]:
         return (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
 
-    def _resolved_num_workers(self) -> int:
-        if self.num_workers != "auto":
-            return int(self.num_workers)
-        devices = self.trainer.num_devices if self.trainer is not None else 1
-        return auto_num_workers(devices, self._device.type)
-
-    def _resolved_pin_memory(self) -> bool:
-        """Pinned host memory only pays off when batches go to a CUDA device."""
-        if self.pin_memory != "auto":
-            return bool(self.pin_memory)
-        return self._device.type == "cuda"
-
     def uses_device_loader(self) -> bool:
         """`on_device`: true, false, or auto (true when the whole data set fits on the device). Decided
         once, before any split is moved, so that all splits take the same path."""
@@ -205,11 +186,11 @@ class ArrayDataModule(L.LightningDataModule):
                 self._device_splits[split] = tuple(t.to(self._device) for t in self.splits[split].tensors)
             x, y = self._device_splits[split]
             return DeviceLoader(x, y, self.batch_size, order, drop_last=shuffle and self.drop_last)
-        workers = self._resolved_num_workers()
+        workers = self.num_workers
         options: dict[str, Any] = {
             "batch_size": self.batch_size,
             "num_workers": workers,
-            "pin_memory": self._resolved_pin_memory(),
+            "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers and workers > 0,
             "prefetch_factor": self.prefetch_factor if workers > 0 else None,
             # Worker seeds come from this generator, not from the global RNG, which creating an iterator
@@ -264,8 +245,7 @@ class ArrayDataModule(L.LightningDataModule):
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Host-to-device copies, asynchronous when `non_blocking` (they overlap compute only from
         pinned memory). Batches of the device loader are already there: `.to` returns them as they are."""
-        non_blocking = self.non_blocking is True or (self.non_blocking == "auto" and device.type == "cuda")
-        return apply_to_collection(batch, Tensor, lambda t: t.to(device, non_blocking=non_blocking))
+        return apply_to_collection(batch, Tensor, lambda t: t.to(device, non_blocking=self.non_blocking))
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Augment training batches on the device, where it is cheap."""
