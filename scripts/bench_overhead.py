@@ -232,6 +232,7 @@ def lightning_run(
             "data.shape=[64]",
             f"data.num_samples={64 * steps * 2}",
             "data.batch_size=64",
+            "data.on_device=false",  # a DataLoader over in-memory tensors, as the hand loop has
             "data.val_fraction=0.01",
             "data.test_fraction=0.01",
             "data.augment.crop_padding=0",
