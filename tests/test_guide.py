@@ -1,0 +1,57 @@
+"""docs/guide.md, performed: its recipes copied out of the guide into a temporary copy of the project,
+then one run with the new data set, the new net and the changed precision."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+GUIDE = (REPO / "docs" / "guide.md").read_text()
+
+
+def block(after: str, language: str) -> str:
+    """The first ```language block after the line containing `after`."""
+    rest = GUIDE[GUIDE.index(after) :]
+    return re.search(rf"```{language}\n(.*?)```", rest, re.S)[1]
+
+
+def test_the_guide_s_changes_train(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    shutil.copytree(REPO / "conf", project / "conf")
+    (project / "src/lightspeed/data/waves.py").write_text(block("## Add a data set", "python"))
+    (project / "conf/data/waves.yaml").write_text(block("conf/data/waves.yaml", "yaml"))
+    (project / "src/lightspeed/models/nets/conv1d.py").write_text(block("## Add a net", "python"))
+    (project / "conf/model/conv1d.yaml").write_text(block("conf/model/conv1d.yaml", "yaml"))
+    preset = project / "conf/accel/default.yaml"
+    line = "  precision: auto "
+    assert preset.read_text().count(line) == 1, "the one line the guide changes"
+    preset.write_text(preset.read_text().replace(line, "  precision: bf16-mixed "))
+
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "lightspeed.train", "data=waves", "model=conv1d", "debug=limit"),
+            *(
+                "callbacks.rich_progress_bar=null",
+                "+trainer.enable_progress_bar=false",
+                f"hydra.run.dir={run}",
+            ),
+        ],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(project / "src"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["config"]["trainer"]["precision"] == "bf16-mixed"
+    # data=waves and model=conv1d exist only in the copy: its package (and so its conf/) is what ran
+    assert summary["config"]["model"]["net"]["name"] == "conv1d" and "test/acc" in summary["metrics"]
