@@ -53,7 +53,9 @@ class RankProbe(L.Callback):
             "world_size": trainer.world_size,
             "initial_seed": torch.initial_seed(),
             "indices": list(iter(trainer.train_dataloader.sampler)),
-            "dataset_size": len(trainer.train_dataloader.dataset),
+            "dataset_size": len(
+                getattr(trainer.train_dataloader, "dataset", None) or trainer.datamodule.splits["train"]
+            ),
             "loader": type(trainer.train_dataloader).__name__,
         }
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(facts))

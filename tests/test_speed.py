@@ -302,6 +302,11 @@ def test_hook_name_is_set_without_module_setattr(monkeypatch: pytest.MonkeyPatch
     )
     speed_up_module(model)  # as build.model does: the user's class is left as written
     assert isinstance(model, Classifier) and type(model).__name__ == "Classifier"
+    import copy
+    import pickle
+
+    for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):  # ddp_spawn, loggers
+        assert type(copied) is Classifier and torch.equal(copied(torch.ones(1, 4)), model(torch.ones(1, 4)))
     setters = [c for c in type(model).__mro__ if "__setattr__" in vars(c)]
     assert setters == [CheapHookNames, torch.nn.Module, object]
     assert model.__dict__["_current_fx_name"] is None  # where LightningModule.__init__ put it

@@ -3,6 +3,7 @@ under DDP with its own shard on each rank, and with a one-line error where it la
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -75,7 +76,18 @@ def test_a_plain_lightning_module_resumes_bit_exactly(train_cfg, tmp_path: Path,
     assert resumed.trainer.global_step == whole.trainer.global_step == 15
     for key, value in whole.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[key]), key
-    assert resumed.metrics == whole.metrics  # train/acc over the whole final epoch, on both
+    assert resumed.metrics == whole.metrics
+    # the resumed epoch's train/acc counts its batches from before the cut too (the metric's restored state)
+    whole_log, cut_log = (
+        list(csv.DictReader((tmp_path / run / "csv" / version / "metrics.csv").open()))
+        for run, version in (("whole", "version_0"), ("cut", "version_1"))
+    )
+    epoch = str(step // 5)
+    acc = [
+        {r["train/acc"] for r in log if r.get("train/acc") and r["epoch"] == epoch}
+        for log in (whole_log, cut_log)
+    ]
+    assert acc[0] == acc[1] and len(acc[0]) == 1
 
 
 def test_a_mid_epoch_resume_with_a_plain_dataloader_says_the_epoch_replays(
@@ -96,3 +108,58 @@ def test_a_mid_epoch_resume_with_a_plain_dataloader_says_the_epoch_replays(
         "epoch replays its first batches (a loader with state_dict/load_state_dict, e.g. torchdata's "
         "StatefulDataLoader, resumes exactly)"
     ]
+
+
+def test_exact_resume_keeps_metrics_whose_state_is_a_list(train_cfg) -> None:
+    """torchmetrics that keep every value (CatMetric, AUROC without thresholds) hold lists of tensors."""
+    from types import SimpleNamespace
+
+    import lightning as L
+    from torchmetrics import CatMetric
+
+    from lightspeed.callbacks import ExactResume
+
+    class Holder(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen = CatMetric()
+
+    saved, restored = Holder(), Holder()
+    saved.seen.update(torch.tensor([1.0, 2.0]))
+    saved.seen.update(torch.tensor([3.0]))
+    progress = SimpleNamespace(
+        epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(current=SimpleNamespace(processed=2)))
+    )
+    trainer = SimpleNamespace(
+        current_epoch=0,
+        callback_metrics={},
+        world_size=1,
+        global_rank=0,
+        num_training_batches=5,
+        fit_loop=progress,
+        train_dataloader=SimpleNamespace(state_dict=dict),
+    )
+    checkpoint: dict = {}
+    ExactResume().on_save_checkpoint(trainer, saved, checkpoint)
+    callback = ExactResume()
+    callback.on_load_checkpoint(trainer, restored, checkpoint)
+    callback.on_train_start(trainer, restored)
+    assert restored.seen.compute().tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.slow
+def test_a_compiled_model_under_ddp_cpu_does_not_recompile_in_steady_state(tmp_path: Path) -> None:
+    """Lightning calls the whole module under DDP: only its forward is compiled, not the step around it."""
+    proc = run_module(
+        "lightspeed.train",
+        *("trainer=ddp_cpu", "debug=limit", "model=mlp", "accel.compile=true", "accel.compile_backend=eager"),
+        *(
+            "callbacks.rich_progress_bar=null",
+            "+trainer.enable_progress_bar=false",
+            f"hydra.run.dir={tmp_path}",
+        ),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recompile_limit" not in proc.stderr
+    assert json.loads((tmp_path / "speed.json").read_text())["recompiles"] == 0

@@ -192,15 +192,15 @@ def resolve_channels_last(cfg: DictConfig, model: torch.nn.Module) -> bool:
 
 
 def apply_to_model(cfg: DictConfig, model: L.LightningModule) -> None:
-    """channels_last for the weights and for the inputs of the module's forward; torch.compile of the
-    module in place. Nothing is asked of the module but that its steps call it (`self(x)`), the
-    idiomatic Lightning way, and nothing of the DataModule."""
+    """channels_last for the weights and for the inputs of the module's forward; torch.compile of its
+    forward. Nothing is asked of the module but that its steps call it (`self(x)`, the idiomatic
+    Lightning way), and nothing of the DataModule."""
     accel = cfg.get("accel", {})
     if accel.get("compile", False):
         model.example_input_array = None  # the summary's batch of 2 would compile a second, dynamic graph
     if resolve_channels_last(cfg, model):
         model.to(memory_format=torch.channels_last)
-        model.register_forward_pre_hook(inputs_channels_last)
+        model.register_forward_pre_hook(inputs_channels_last, with_kwargs=True)
     if accel.get("compile", False):
         backend = str(accel.get("compile_backend", "inductor"))
         problem = compile_problem(backend, device_type(cfg))
@@ -210,17 +210,24 @@ def apply_to_model(cfg: DictConfig, model: L.LightningModule) -> None:
                 "training uncompiled"
             )
             return
-        # Module.compile() compiles in place: the state dict keeps its keys (no `_orig_mod.` prefix), so
-        # checkpoints load into compiled and uncompiled models alike.
-        model.compile(mode=None if accel.compile_mode == "default" else accel.compile_mode, backend=backend)
+        # The module's forward, compiled on the instance: the state dict keeps its keys (no `_orig_mod.`
+        # prefix), so checkpoints load into compiled and uncompiled models alike; and the steps around it
+        # stay eager (under DDP Lightning calls the whole module, step, self.log and metric updates
+        # included, whose changing values would recompile every step).
+        mode = None if accel.compile_mode == "default" else accel.compile_mode
+        model.forward = torch.compile(model.forward, mode=mode, backend=backend)
 
 
-def inputs_channels_last(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+def inputs_channels_last(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """A forward pre-hook: 4-D tensor arguments in channels_last (those already so pass unchanged)."""
-    return tuple(
-        a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
-        for a in args
-    )
+
+    def convert(a: Any) -> Any:
+        four_d = isinstance(a, torch.Tensor) and a.dim() == 4
+        return a.contiguous(memory_format=torch.channels_last) if four_d else a
+
+    return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
 
 
 def compile_problem(backend: str, device: str) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 from hydra.errors import InstantiationException
-from hydra.utils import get_class
+from hydra.utils import get_object
 from hydra.utils import instantiate as _instantiate
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor
 from lightning.pytorch.loggers import Logger
@@ -42,16 +42,19 @@ def datamodule(cfg: DictConfig) -> L.LightningDataModule:
     (one info line names what it left to its loaders)."""
     node = cfg.data
     try:
-        cls = get_class(str(node.get("_target_")))
-    except (ImportError, ValueError) as err:
+        target = get_object(str(node.get("_target_")))  # a class, or a function that makes one
+    except (ImportError, ValueError, AttributeError) as err:
         raise ConfigError(f"data._target_={node.get('_target_')} cannot be imported ({err})") from None
-    params = inspect.signature(cls).parameters.values()
+    params = inspect.signature(target).parameters.values()
     if not any(p.kind is p.VAR_KEYWORD for p in params):
         names = {p.name for p in params}
         left = [k for k in LOADER_KNOBS if k in node and k not in names]
         if left:
-            rank_zero_info(f"data: {cls.__name__} takes no {', '.join(left)}: its own loaders decide them")
-            node = OmegaConf.masked_copy(node, [k for k in node if k not in left])
+            name = getattr(target, "__name__", str(target))
+            rank_zero_info(f"data: {name} takes no {', '.join(left)}: its own loaders decide them")
+            # resolved first: the rest may point elsewhere in the config (${paths.data_dir})
+            kept = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in left}
+            node = OmegaConf.create(kept)
     return instantiate(node, _convert_="all")
 
 

@@ -89,10 +89,16 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
 def _check_fits(hparams: dict, dm: ArrayDataModule) -> None:
     shape, classes = list(hparams.get("input_shape", [])), hparams.get("num_classes")
-    if shape != list(dm.input_shape) or classes != dm.num_classes:
+    data_shape, data_classes = getattr(dm, "input_shape", None), getattr(dm, "num_classes", None)
+    if data_shape is None or data_classes is None:
+        raise ConfigError(
+            f"data: {type(dm).__name__} has no input_shape or num_classes: set them as attributes of your "
+            "DataModule, so that the checkpoint's model can be checked against it"
+        )
+    if shape != list(data_shape) or classes != data_classes:
         raise ConfigError(
             f"the checkpoint's model takes inputs {shape} with {classes} classes but data gives "
-            f"{list(dm.input_shape)} with {dm.num_classes}: pass the data it was trained on (data=...)"
+            f"{list(data_shape)} with {data_classes}: pass the data it was trained on (data=...)"
         )
 
 

@@ -5,7 +5,6 @@ Returns the configured metric, so that Hydra sweepers can optimise it.
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -20,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig
 
 from lightspeed import accel, build, checkpoint, resume, summary
-from lightspeed.compat.trainer import launched_ranks
+from lightspeed.compat.trainer import kill_launched_ranks, launched_ranks
 from lightspeed.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.entry import hydra_entry
 from lightspeed.failures import TrainingFailure, exit_on_failure, is_out_of_memory
@@ -61,13 +60,13 @@ def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
         if not procs or getattr(err, "agreed", False):  # agreed: each rank exits by itself
             raise
         if isinstance(err, (ConfigError, TrainingFailure)) or is_out_of_memory(err):  # ours, explained
-            trainer.strategy.launcher.kill(signal.SIGKILL)
+            kill_launched_ranks(trainer)
             raise
         deadline = time.monotonic() + 2.0  # a peer's death reaches us before its exit status does
         while not any(p.poll() for p in procs) and time.monotonic() < deadline:
             time.sleep(0.05)
         dead = [(rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.returncode]
-        trainer.strategy.launcher.kill(signal.SIGKILL)
+        kill_launched_ranks(trainer)
         if dead:
             rank, code = dead[0]
             print(

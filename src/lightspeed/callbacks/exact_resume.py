@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import Metric
 
@@ -32,6 +33,7 @@ class ExactResume(L.Callback):
         self._pending: dict[str, Any] | None = None  # metric states restored, not yet applied
         self._latest: dict[str, float] = {}  # the checkpoint's figures, until measured again
         self._schedules: list[int | None] = []  # the checkpoint's schedule lengths
+        self._legacy = False  # the checkpoint keeps the epoch's accuracy the old way
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
         if self._pending is not None:  # saved right after a restore, before on_train_start applied it
@@ -40,7 +42,7 @@ class ExactResume(L.Callback):
             mine = {
                 name: {
                     "updates": m.update_count,
-                    "state": {k: v.detach().cpu() for k, v in m.metric_state.items()},
+                    "state": _moved(m.metric_state, torch.device("cpu")),
                 }
                 for name, m in _metrics(pl_module)
             }
@@ -51,6 +53,7 @@ class ExactResume(L.Callback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
         self._pending = checkpoint.get("metric_state")
+        self._legacy = "metric_state" not in checkpoint and "train_acc" in checkpoint  # Lightspeed < 12-2026
         self._latest = dict(checkpoint.get("metrics", {}))
         self._schedules = [_length(s) for s in checkpoint.get("lr_schedulers") or []]
 
@@ -76,6 +79,9 @@ class ExactResume(L.Callback):
                 "state_dict/load_state_dict, e.g. torchdata's StatefulDataLoader, resumes exactly)"
             )
         restored, self._pending = self._pending, None
+        if self._legacy and 0 < done < total:
+            rank_zero_info("the epoch's metrics restart: the checkpoint is from an earlier Lightspeed")
+        self._legacy = False
         if restored is None or restored.get("epoch") != trainer.current_epoch:
             return
         if len(restored["ranks"]) != trainer.world_size:
@@ -88,13 +94,21 @@ class ExactResume(L.Callback):
                 rank_zero_info(f"the epoch's {name} restarts: the checkpoint counts it another way")
                 continue
             if mine["updates"]:
-                for key, value in mine["state"].items():
-                    setattr(metric, key, value.to(pl_module.device))
+                for key, value in _moved(mine["state"], pl_module.device).items():
+                    setattr(metric, key, value)
                 mark_updated(metric)
 
 
 def _metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:
     return [(name, m) for name, m in module.named_modules() if isinstance(m, Metric)]
+
+
+def _moved(state: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Metric states (tensors, or lists of tensors for metrics that keep every value) on `device`."""
+    return {
+        k: [t.detach().to(device) for t in v] if isinstance(v, list) else v.detach().to(device)
+        for k, v in state.items()
+    }
 
 
 def _length(state: dict[str, Any]) -> int | None:

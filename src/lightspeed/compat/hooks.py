@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 
 # Hooks that Lightning calls once per batch, through the callable check above, and whose base
 # implementations (Callback, ModelHooks) are empty.
@@ -60,12 +61,27 @@ def speed_up_module(module: L.LightningModule) -> list[str]:
     training hooks (see EVALUATION), and `CheapHookNames` mixed into its class (the instance becomes one
     of a subclass of the same name, made once per class). Returns the hooks taken off."""
     cls = type(module)
-    if not issubclass(cls, CheapHookNames):
+    # a class of the user's with a __setattr__ of its own keeps it: the shortcut would bypass it
+    own_setattr = any("__setattr__" in vars(c) for c in cls.__mro__[: cls.__mro__.index(torch.nn.Module)])
+    if not issubclass(cls, CheapHookNames) and not own_setattr:
         if cls not in _CHEAP:
-            names = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            names = {
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                "__reduce_ex__": _as_base,
+            }
             _CHEAP[cls] = type(cls.__name__, (CheapHookNames, cls), names)
         module.__class__ = _CHEAP[cls]
     return skip_empty(module, L.LightningModule, TRAINING)
+
+
+def _as_base(self: Any, protocol: Any) -> Any:
+    """Pickled (and deep-copied) as an instance of the user's own class, which pickle can find by name."""
+    return _new, (type(self).__bases__[1],), self.__getstate__()
+
+
+def _new(cls: type) -> Any:
+    return cls.__new__(cls)
 
 
 class CheapHookNames:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from subprocess import Popen
 
 import lightning as L
@@ -12,6 +13,7 @@ __all__ = [
     "UnrepeatedDistributedSampler",
     "batches_done_in_epoch",
     "is_last_batch",
+    "kill_launched_ranks",
     "launched_ranks",
     "logs_this_step",
     "mark_updated",
@@ -37,6 +39,11 @@ def launched_ranks(trainer: L.Trainer) -> list[Popen]:
     """The processes Lightning's launcher started for the other ranks (`trainer=ddp` on one machine);
     empty in those ranks and without a launcher."""
     return list(getattr(trainer.strategy.launcher, "procs", None) or [])
+
+
+def kill_launched_ranks(trainer: L.Trainer) -> None:
+    """SIGKILL the ranks Lightning's launcher started (its `kill`)."""
+    trainer.strategy.launcher.kill(signal.SIGKILL)
 
 
 def mark_updated(metric: Metric) -> None:

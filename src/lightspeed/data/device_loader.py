@@ -32,6 +32,9 @@ class EpochOrder(DistributedSampler):
     def __init__(self, n: int, shuffle: bool, seed: int, rank: int = 0, world_size: int = 1) -> None:
         super().__init__(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
         self.n, self.world_size = n, world_size
+        self.num_samples = len(self)  # DistributedSampler's own fields, as this order deals them
+        self.total_size = self.num_samples * world_size if shuffle else n
+        self.drop_last = shuffle
         self.start = 0  # as a sampler: samples of this epoch to leave out (already trained on)
 
     def __len__(self) -> int:
