@@ -44,16 +44,15 @@ def on_device_choice(
     if on_device == "auto" and num_workers != "auto" and int(num_workers) > 0:
         return False, f"data.on_device=auto: data.num_workers={num_workers} asks for a DataLoader"
     gib = 2**30
+    size = f"{nbytes / gib:.2f} GiB" if nbytes >= gib / 10 else f"{nbytes / 2**20:.1f} MiB"
     if device.type != "cuda":
         where = "host memory" if device.type == "cpu" else f"{device.type} (unified memory)"
-        note = (
-            f"data.on_device=auto: the data set ({nbytes / gib:.3f} GiB) is sliced in {where}, no DataLoader"
-        )
+        note = f"data.on_device=auto: the data set ({size}) is sliced in {where}, no DataLoader"
         return True, note if on_device == "auto" else None
     free, _ = torch.cuda.mem_get_info(device)
     fits = nbytes <= ON_DEVICE_MAX_SHARE * free
     message = (
-        f"data.on_device={on_device}: the data set needs {nbytes / gib:.3f} GiB, "
+        f"data.on_device={on_device}: the data set needs {size}, "
         f"{'within' if fits else 'more than'} {ON_DEVICE_MAX_SHARE:.0%} of the {free / gib:.1f} GiB "
         f"free on {device}"
     )
