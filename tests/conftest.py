@@ -95,3 +95,22 @@ def run_module(module: str, *args: str, cwd: Path, timeout: float = 240) -> subp
         text=True,
         timeout=timeout,
     )
+
+
+def run_ddp_cpu(tmp_path: Path, *overrides: str, probe: bool = True) -> subprocess.CompletedProcess[str]:
+    """`python -m lightspeed.train trainer=ddp_cpu debug=limit <overrides>` without a bar, its run
+    folder `tmp_path/run`; with `probe`, each rank writes `tmp_path/probe/rank<R>.json` (RankProbe)."""
+    ranks = ["+callbacks.probe._target_=probes.RankProbe", f"+callbacks.probe.out={tmp_path / 'probe'}"]
+    return run_module(
+        "lightspeed.train",
+        *(
+            "trainer=ddp_cpu",
+            "debug=limit",
+            "callbacks.rich_progress_bar=null",
+            "+trainer.enable_progress_bar=false",
+        ),
+        *overrides,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *(ranks if probe else []),
+        cwd=tmp_path,
+    )

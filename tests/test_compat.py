@@ -68,15 +68,16 @@ def test_logs_this_step_follows_log_every_n_steps() -> None:
     )
 
 
+class Record(L.Callback):
+    """Records `read(trainer)` at every call of the training-batch hook `hook`."""
+
+    def __init__(self, hook: str, read: Any) -> None:
+        self.seen: list[Any] = []
+        setattr(self, hook, lambda trainer, *args: self.seen.append(read(trainer)))
+
+
 def test_is_last_batch_marks_each_epochs_last_batch() -> None:
-    class Last(L.Callback):
-        def __init__(self) -> None:
-            self.seen: list[bool] = []
-
-        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-            self.seen.append(compat.is_last_batch(trainer))
-
-    probe = Last()
+    probe = Record("on_train_batch_end", compat.is_last_batch)
     fit(Tiny(), [probe])
     assert probe.seen == [False, False, True] * 2, broken(
         "fit_loop.epoch_loop.batch_progress.is_last_batch", "trainer.is_last_batch"
@@ -84,14 +85,7 @@ def test_is_last_batch_marks_each_epochs_last_batch() -> None:
 
 
 def test_batches_done_in_epoch_counts_the_epochs_finished_batches() -> None:
-    class Done(L.Callback):
-        def __init__(self) -> None:
-            self.seen: list[int] = []
-
-        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-            self.seen.append(compat.batches_done_in_epoch(trainer))
-
-    probe = Done()
+    probe = Record("on_train_batch_start", compat.batches_done_in_epoch)
     fit(Tiny(), [probe])
     assert probe.seen == [0, 1, 2] * 2, broken(
         "fit_loop.epoch_loop.batch_progress.current.processed", "trainer.batches_done_in_epoch"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_module
+from conftest import run_ddp_cpu
 from lightspeed.data.augment import random_crop, random_flip
 from lightspeed.data.device_loader import DeviceLoader, EpochOrder
 
@@ -85,18 +85,7 @@ def test_augmentations_keep_shape_and_content() -> None:
 
 @pytest.mark.slow
 def test_ddp_cpu_ranks_get_disjoint_device_resident_shards(tmp_path: Path) -> None:
-    proc = run_module(
-        "lightspeed.train",
-        "trainer=ddp_cpu",
-        "debug=limit",
-        "data.on_device=true",
-        "callbacks.rich_progress_bar=null",
-        "+trainer.enable_progress_bar=false",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        "+callbacks.probe._target_=probes.RankProbe",
-        f"+callbacks.probe.out={tmp_path / 'probe'}",
-        cwd=tmp_path,
-    )
+    proc = run_ddp_cpu(tmp_path, "data.on_device=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert {r["loader"] for r in ranks} == {"DeviceLoader"}

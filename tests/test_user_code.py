@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, run_module
+from conftest import TINY, run_ddp_cpu
 from lightspeed.train import train
 
 PLAIN = ["~data", "+data._target_=probes.PlainDigits", "+data.batch_size=64"]
@@ -45,13 +45,7 @@ def test_a_datamodule_without_num_classes_is_one_line(train_cfg, capsys) -> None
 
 @pytest.mark.slow
 def test_a_plain_datamodule_under_ddp_cpu_gives_each_rank_its_own_shard(tmp_path: Path) -> None:
-    proc = run_module(
-        "lightspeed.train",
-        *("trainer=ddp_cpu", "debug=limit", *PLAIN, "callbacks.rich_progress_bar=null"),
-        *("+trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"),
-        *("+callbacks.probe._target_=probes.RankProbe", f"+callbacks.probe.out={tmp_path / 'probe'}"),
-        cwd=tmp_path,
-    )
+    proc = run_ddp_cpu(tmp_path, *PLAIN)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
     a, b = (set(r["indices"]) for r in ranks)
@@ -150,16 +144,9 @@ def test_exact_resume_keeps_metrics_whose_state_is_a_list(train_cfg) -> None:
 @pytest.mark.slow
 def test_a_compiled_model_under_ddp_cpu_does_not_recompile_in_steady_state(tmp_path: Path) -> None:
     """Lightning calls the whole module under DDP: only its forward is compiled, not the step around it."""
-    proc = run_module(
-        "lightspeed.train",
-        *("trainer=ddp_cpu", "debug=limit", "model=mlp", "accel.compile=true", "accel.compile_backend=eager"),
-        *(
-            "callbacks.rich_progress_bar=null",
-            "+trainer.enable_progress_bar=false",
-            f"hydra.run.dir={tmp_path}",
-        ),
-        cwd=tmp_path,
+    proc = run_ddp_cpu(
+        tmp_path, "model=mlp", "accel.compile=true", "accel.compile_backend=eager", probe=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "recompile_limit" not in proc.stderr
-    assert json.loads((tmp_path / "speed.json").read_text())["recompiles"] == 0
+    assert json.loads((tmp_path / "run" / "speed.json").read_text())["recompiles"] == 0
