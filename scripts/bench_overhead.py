@@ -33,12 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from lightspeed import accel, device
+from lightspeed.core import device
+from lightspeed.core.logs import silence_known_noise
 from lightspeed.data import SyntheticDataModule
 from lightspeed.data.device_loader import WholeBatches, whole_batch
-from lightspeed.entry import compose_config
 from lightspeed.models.classifier import Classifier
-from lightspeed.noise import silence_known_noise
+from lightspeed.run.entry import compose_config
+from lightspeed.speed import accel
 from lightspeed.train import train
 
 MODELS = {"small": [256, 256], "wide": [1024, 1024]}  # MLP 64-h-h-10: ~1 ms and ~10 ms a step here

@@ -22,7 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from lightspeed.bench import RUN
-from lightspeed.entry import compose_config
+from lightspeed.run.entry import compose_config
 from lightspeed.train import train
 
 

@@ -13,8 +13,8 @@ import torch
 from omegaconf import DictConfig
 
 from lightspeed import CONF_DIR
-from lightspeed.entry import compose_config
-from lightspeed.noise import silence_known_noise
+from lightspeed.core.logs import silence_known_noise
+from lightspeed.run.entry import compose_config
 
 REPO = CONF_DIR.parent
 TESTS = Path(__file__).resolve().parent

@@ -14,9 +14,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightspeed.accel import compiled_frames
 from lightspeed.data import DigitsDataModule
 from lightspeed.models.classifier import Classifier
+from lightspeed.speed.accel import compiled_frames
 
 
 class AutocastProbe(L.Callback):

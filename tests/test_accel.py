@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from conftest import TINY
-from lightspeed import accel, device
+from lightspeed.core import device
 from lightspeed.data import DigitsDataModule
+from lightspeed.speed import accel
 from lightspeed.train import train
 from probes import BatchProbe
 
@@ -154,7 +155,7 @@ def test_compile_falls_back_with_one_line_when_the_backend_fails(train_cfg, capl
 
 
 def test_unknown_compile_backend_is_a_config_error(train_cfg) -> None:
-    from lightspeed.config import ConfigError, validate_train
+    from lightspeed.core.config import ConfigError, validate_train
 
     with pytest.raises(
         ConfigError, match=r"^accel\.compile_backend='nope' is invalid: use a torch\.compile backend"
@@ -266,7 +267,8 @@ def test_fused_optimizer_with_clipping_under_mixed_precision_falls_back_to_forea
 FLUSH_PROBE = """
 import sys, torch
 from omegaconf import OmegaConf
-from lightspeed import accel, device
+from lightspeed.speed import accel
+from lightspeed.core import device
 for step in sys.argv[1:]:
     if step == "work":
         torch.full((1 << 18,), 1.0) * 2
@@ -353,18 +355,18 @@ def test_channels_last_auto_is_on_only_for_convolutions_on_a_gpu(train_cfg) -> N
 
 
 def test_auto_num_workers_shares_the_cpus_among_devices(monkeypatch) -> None:
-    monkeypatch.setattr("lightspeed.accel.cpu_count", lambda: 32)
+    monkeypatch.setattr("lightspeed.speed.accel.cpu_count", lambda: 32)
     assert accel.auto_num_workers(1) == 8  # capped
     assert accel.auto_num_workers(4) == 7
     assert accel.auto_num_workers(32) == 0
-    monkeypatch.setattr("lightspeed.accel.cpu_count", lambda: 2)
+    monkeypatch.setattr("lightspeed.speed.accel.cpu_count", lambda: 2)
     assert accel.auto_num_workers(1) == 1
     assert accel.auto_num_workers(1, "cpu") == 0  # workers would compete with the computation for the cores
 
 
 def test_every_loader_auto_is_resolved_once_for_the_run_s_devices(train_cfg, monkeypatch) -> None:
     """accel is the one resolver: the DataModule and the Trainer receive concrete values."""
-    monkeypatch.setattr("lightspeed.accel.cpu_count", lambda: 16)
+    monkeypatch.setattr("lightspeed.speed.accel.cpu_count", lambda: 16)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     cfg = train_cfg("trainer=ddp")  # every visible GPU: 4 processes share the 16 CPUs

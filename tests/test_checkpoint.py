@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import TINY, run_module
-from lightspeed.checkpoint import AtomicCheckpointIO
+from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.train import train
 
 
@@ -70,8 +70,8 @@ def test_a_checkpoint_with_a_pickle_payload_is_refused(tmp_path: Path, module: s
 
 @pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated zip"])
 def test_an_empty_or_truncated_checkpoint_is_a_one_line_error(tmp_path: Path, content: bytes) -> None:
-    from lightspeed.entry import compose_config
     from lightspeed.eval import run as evaluate
+    from lightspeed.run.entry import compose_config
 
     bad = tmp_path / "last.ckpt"
     bad.write_bytes(content)

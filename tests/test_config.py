@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from lightspeed import CONF_DIR
-from lightspeed.config import ConfigError, validate_train
+from lightspeed.core.config import ConfigError, validate_train
 
 GROUPS = ["data", "model", "trainer", "accel", "callbacks", "logger", "paths", "hydra", "debug", "experiment"]
 
@@ -138,7 +138,7 @@ def test_an_optional_local_config_is_picked_up(train_cfg) -> None:
 
 
 def test_eval_checks_the_shared_settings_too(eval_cfg) -> None:
-    from lightspeed.config import validate_common
+    from lightspeed.core.config import validate_common
 
     with pytest.raises(ConfigError, match=r"^data\.batch_size=0 is invalid"):
         validate_common(eval_cfg("data.batch_size=0"))

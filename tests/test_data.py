@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
 from lightspeed.data import DigitsDataModule, SyntheticDataModule
 from lightspeed.data.device_loader import EpochOrder
 

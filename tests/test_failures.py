@@ -192,7 +192,8 @@ def test_ddp_sigterm_to_the_first_rank_saves_once_for_all_ranks_and_the_rerun_co
 def test_ddp_collectives_wait_at_most_the_configured_timeout(train_cfg) -> None:
     from datetime import timedelta
 
-    from lightspeed import accel, build
+    from lightspeed.run import build
+    from lightspeed.speed import accel
 
     cfg = train_cfg("trainer=ddp_cpu", "trainer.strategy.timeout.seconds=42")
     accel.resolve(cfg)  # `auto` values become what this device takes, as train() does first
@@ -217,7 +218,7 @@ def test_ddp_a_nan_on_one_rank_is_handled_alike_on_every_rank(tmp_path: Path, ac
 
 
 def test_slurm_requeue_asks_scontrol_for_this_job(tmp_path: Path, monkeypatch) -> None:
-    from lightspeed.callbacks.preemption import requeue_slurm_job
+    from lightspeed.resilience.preemption import requeue_slurm_job
 
     calls = tmp_path / "calls"
     fake = tmp_path / "bin" / "scontrol"
@@ -238,8 +239,8 @@ def test_no_checkpoint_with_non_finite_weights_is_ever_written(tmp_path: Path) -
     """Even when the loss stayed finite (gradients that overflowed), or nothing else checked."""
     import lightning as L
 
-    from lightspeed.checkpoint import AtomicCheckpointIO
-    from lightspeed.failures import TrainingFailure
+    from lightspeed.core.failures import TrainingFailure
+    from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 
     target = tmp_path / "last.ckpt"
     io = AtomicCheckpointIO()
@@ -257,7 +258,7 @@ def test_no_checkpoint_with_non_finite_weights_is_ever_written(tmp_path: Path) -
 
 
 def test_a_cpu_allocation_failure_counts_as_out_of_memory() -> None:
-    from lightspeed.failures import is_out_of_memory
+    from lightspeed.core.failures import is_out_of_memory
 
     cpu = RuntimeError(
         "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried"

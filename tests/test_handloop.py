@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightspeed import bench, handloop
+from lightspeed import bench
 from lightspeed.models.nets import build_net
+from lightspeed.speed import handloop
 
 
 def test_the_hand_loop_imports_no_lightning() -> None:
@@ -23,7 +24,11 @@ def test_the_hand_loop_imports_no_lightning() -> None:
         for alias in node.names
     }
     assert not {m for m in imported if m.split(".")[0] in ("lightning", "pytorch_lightning")}
-    assert not {m for m in imported if m.startswith(("lightspeed.models.classifier", "lightspeed.callbacks"))}
+    assert not {
+        m
+        for m in imported
+        if m.startswith(("lightspeed.models.classifier", "lightspeed.callbacks", "lightspeed.speed.report"))
+    }
     assert "lightspeed.data.augment" in imported  # the same on-device augmentation as the presets
 
 

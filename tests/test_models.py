@@ -6,7 +6,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
 from lightspeed.models.classifier import Classifier
 from lightspeed.models.nets import NETS, build_net
 

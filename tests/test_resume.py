@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import REPO, TINY, run_script
-from lightspeed import resume
-from lightspeed.config import ConfigError
-from lightspeed.entry import compose_config
+from lightspeed.core.config import ConfigError
+from lightspeed.resilience import resume
+from lightspeed.run.entry import compose_config
 from lightspeed.train import train
 from probes import Fault
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import TINY
-from lightspeed.callbacks.speed import SPEED_FILE
-from lightspeed.device import gpu_model, math_mode, peak_flops
+from lightspeed.core.device import gpu_model, math_mode, peak_flops
+from lightspeed.speed.report import SPEED_FILE
 from lightspeed.train import train
 
 KEYS = {
@@ -61,7 +61,7 @@ def test_data_wait_diagnosis_fires_on_slow_data(train_cfg, run_dir: Path, caplog
     """On a controlled clock: each batch takes 10 s to arrive (no real waiting), whatever the load."""
     import probes
 
-    monkeypatch.setattr("lightspeed.callbacks.speed.time", probes.CLOCK)
+    monkeypatch.setattr("lightspeed.speed.report.time", probes.CLOCK)
     with caplog.at_level(logging.INFO):
         train(
             train_cfg(
@@ -129,7 +129,8 @@ def test_progress_bar_reads_metrics_on_a_clock(train_cfg, monkeypatch, seconds_p
     """refresh_rate=1 (a second): 10 instant steps read the metrics on the first and the last step only;
     10 steps a second apart read them on each (and the epoch's end once more). Lightning's own bar reads
     them after every step."""
-    from lightspeed.callbacks import ProgressBar, progress
+    from lightspeed.speed import progress
+    from lightspeed.speed.progress import ProgressBar
 
     reads: list[int] = []
     real = ProgressBar.get_metrics
@@ -328,7 +329,7 @@ def test_hook_name_is_set_without_module_setattr(monkeypatch: pytest.MonkeyPatch
 def test_auto_warmup_waits_for_the_step_time_to_settle_and_max_timed_steps_ends_the_run(
     train_cfg, run_dir: Path
 ) -> None:
-    from lightspeed.steady import WINDOW
+    from lightspeed.speed.steady import WINDOW
 
     overrides = ["callbacks.speed_report.warmup_steps=auto", "+callbacks.speed_report.max_timed_steps=6"]
     cfg = train_cfg(*TINY, *overrides, "test_after_fit=false", "trainer.max_epochs=3", "trainer.min_epochs=0")

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import TINY
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
+from lightspeed.core.summary import SUMMARY_FILE
 from lightspeed.eval import find_checkpoint
 from lightspeed.eval import run as evaluate
 from lightspeed.models.classifier import Classifier
-from lightspeed.summary import SUMMARY_FILE
 from lightspeed.train import train
 from probes import AutocastProbe
 

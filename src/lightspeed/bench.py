@@ -6,7 +6,7 @@ plain PyTorch loops on any experiment, in steady state, side by side.
 
 Each configuration trains in its own process, `--repeats` times (in rounds, so that a drifting machine
 affects every row alike): the presets as `python -m lightspeed.train <overrides> <its knobs>`, whose
-speed report (`speed.json`) is collected; the `hand` rows as `lightspeed.handloop`, a plain PyTorch
+speed report (`speed.json`) is collected; the `hand` rows as `lightspeed.speed.handloop`, a plain PyTorch
 loop with the same knobs and data path as the preset it mirrors (`hand`: accel=default, `hand+off`,
 `hand+max`). The warm-up (compile, cuDNN autotuning, worker start-up) lasts until the step time
 settles, and is reported apart. `bench.md` (samples/s with its spread, against `off` and against the
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from lightspeed.steady import MAX_WARMUP
+from lightspeed.speed.steady import MAX_WARMUP
 
 # name -> (overrides, needs a CUDA GPU). Ablations add one knob to the naive baseline.
 CONFIGS: dict[str, tuple[list[str], bool]] = {
@@ -101,14 +101,15 @@ def run_config(name: str, user: list[str], steps: int, warmup: str, run_dir: Pat
 
 def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> int:
     """One `hand` row: compose and resolve the config as `lightspeed.train` would, then train the same
-    net on the same arrays with `lightspeed.handloop` (the only Lightning here is the DataModule, as a
+    net on the same arrays with `lightspeed.speed.handloop` (the only Lightning here is the DataModule, as a
     source of the split arrays)."""
     from omegaconf import OmegaConf
 
-    from lightspeed import accel, build, handloop
     from lightspeed.data.base import on_device_choice
-    from lightspeed.entry import compose_config
     from lightspeed.models.nets import build_net
+    from lightspeed.run import build
+    from lightspeed.run.entry import compose_config
+    from lightspeed.speed import accel, handloop
 
     cfg = compose_config("train", overrides, run_dir / "logs")
     if int(cfg.trainer.get("accumulate_grad_batches", 1)) != 1:
@@ -161,7 +162,7 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
 
 
 def _device_name(device: str) -> str:
-    from lightspeed import device as device_facts
+    from lightspeed.core import device as device_facts
 
     return device_facts.name(torch.device(device))
 

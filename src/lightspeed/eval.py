@@ -11,12 +11,15 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from lightspeed import accel, build, checkpoint, summary
 from lightspeed.compat import hooks
-from lightspeed.config import ConfigError, exit_on_config_error, validate_common
+from lightspeed.core import summary
+from lightspeed.core.config import ConfigError, exit_on_config_error, validate_common
+from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
-from lightspeed.entry import hydra_entry
-from lightspeed.noise import silence_known_noise
+from lightspeed.resilience import checkpoint
+from lightspeed.run import build
+from lightspeed.run.entry import hydra_entry
+from lightspeed.speed import accel
 
 
 def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:

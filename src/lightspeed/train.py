@@ -18,12 +18,15 @@ from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig
 
-from lightspeed import accel, build, checkpoint, resume, summary
 from lightspeed.compat.trainer import kill_launched_ranks, launched_ranks
-from lightspeed.config import ConfigError, exit_on_config_error, validate_train
-from lightspeed.entry import hydra_entry
-from lightspeed.failures import TrainingFailure, exit_on_failure, is_out_of_memory
-from lightspeed.noise import silence_known_noise
+from lightspeed.core import summary
+from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train
+from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
+from lightspeed.core.logs import silence_known_noise
+from lightspeed.resilience import checkpoint, resume
+from lightspeed.run import build
+from lightspeed.run.entry import hydra_entry
+from lightspeed.speed import accel
 
 
 def refuse_multirun_with_ddp(cfg: DictConfig) -> None:

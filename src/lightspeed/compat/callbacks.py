@@ -84,7 +84,7 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
 
     def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:
         """Lightning warns when the folder holds checkpoints; a run's own folder does whenever it resumes
-        (`resume=never` refuses to start over one, see lightspeed.resume)."""
+        (`resume=never` refuses to start over one, see lightspeed.resilience.resume)."""
 
 
 class EarlyStopping(_StateKeyOnce, _EarlyStopping):

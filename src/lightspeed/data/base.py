@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed.compat.trainer import UnrepeatedDistributedSampler
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
 from lightspeed.data.augment import random_crop, random_flip
 from lightspeed.data.device_loader import (
     DeviceLoader,
@@ -74,7 +74,7 @@ class ArrayDataModule(L.LightningDataModule):
     `batch_size` samples (`drop_last`: a compiled model would recompile for a smaller last batch, and
     the epoch's order moves the left-out few each epoch); evaluation sees every sample.
 
-    Loader settings arrive as concrete values: a run's `auto`s are resolved once, by `lightspeed.accel`.
+    Loader settings arrive as concrete values: a run's `auto`s are resolved once, by `lightspeed.speed.accel`.
     `on_device="auto"` is decided here, where the data set's size is known (`on_device_choice`).
     """
 

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lightspeed.compat.trainer import is_last_batch, logs_this_step
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
 from lightspeed.models.metrics import Accuracy
 from lightspeed.models.nets import build_net
 from lightspeed.models.optim import build_optimizer, build_scheduler

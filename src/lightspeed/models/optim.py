@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
 
 SCHEDULERS = ("none", "cosine", "onecycle")
 

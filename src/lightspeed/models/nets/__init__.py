@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
 
 NETS: dict[str, type[nn.Module]] = {}
 

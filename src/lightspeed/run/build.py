@@ -15,11 +15,12 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
-from lightspeed.accel import LOADER_KNOBS
-from lightspeed.callbacks import ExactResume, RankSeed
-from lightspeed.checkpoint import AtomicCheckpointIO
 from lightspeed.compat import hooks
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
+from lightspeed.resilience.checkpoint import AtomicCheckpointIO
+from lightspeed.resilience.exact_resume import ExactResume
+from lightspeed.resilience.rank_seed import RankSeed
+from lightspeed.speed.accel import LOADER_KNOBS
 
 
 def instantiate(node: Any, **kwargs: Any) -> Any:

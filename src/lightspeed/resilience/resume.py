@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
 
 #: Keys that say where a run lives, how it starts, or how it is watched and fed, not what it computes:
 #: left out of the identity, so that changing them continues the same run. (Loader settings change

@@ -17,7 +17,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightspeed.compat.callbacks import validation_follows
-from lightspeed.failures import Preempted
+from lightspeed.core.failures import Preempted
 
 
 class Preemption(L.Callback):

@@ -15,9 +15,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from lightspeed import CONF_DIR
-from lightspeed.config import check_group_choices, exit_on_config_error
-from lightspeed.resume import register_resolver
-from lightspeed.runlog import route_to_run_log
+from lightspeed.core.config import check_group_choices, exit_on_config_error
+from lightspeed.core.logs import route_to_run_log
+from lightspeed.resilience.resume import register_resolver
 
 register_resolver()
 

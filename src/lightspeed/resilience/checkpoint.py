@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from lightspeed.config import ConfigError
-from lightspeed.failures import TrainingFailure
+from lightspeed.core.config import ConfigError
+from lightspeed.core.failures import TrainingFailure
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

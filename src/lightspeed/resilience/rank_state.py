@@ -1,4 +1,5 @@
-"""Every random generator a training process draws from, as plain data that checkpoints can hold.
+"""What differs between DDP ranks, as plain data that checkpoints can hold: every random generator a
+process draws from, gathered from all ranks (Lightning writes rank 0's checkpoint only).
 
 `torch.load(..., weights_only=True)` accepts tensors, numbers, strings and containers only, so numpy's
 and Python's states (tuples with arrays) are stored as tensors and numbers.
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 
 def capture() -> dict[str, Any]:
@@ -47,3 +49,13 @@ def restore(state: dict[str, Any]) -> None:
     random.setstate((p["version"], tuple(p["state"].tolist()), p["gauss"]))
     if "cuda" in state and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def gather(mine: Any) -> list[Any]:
+    """Every rank's `mine`, in rank order (a collective: call it on all ranks at once, as Lightning does
+    when it builds a checkpoint); `[mine]` in a single process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [mine]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out

@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightspeed import device as device_facts
-from lightspeed.accel import compiled_frames
-from lightspeed.steady import settled
+from lightspeed.core import device as device_facts
+from lightspeed.speed.accel import compiled_frames
+from lightspeed.speed.steady import settled
 
 SPEED_FILE = "speed.json"
 
@@ -33,7 +33,7 @@ class SpeedReport(L.Callback):
     FLOPs per batch and MFU; a table, `speed.json` in the run directory, and `speed/*` in the loggers.
 
     `warmup_steps` are left out (compilation, cuDNN autotuning, worker start-up); `auto`: until the
-    step time settles (`lightspeed.steady`). `max_timed_steps` ends the run after that many timed steps
+    step time settles (`lightspeed.speed.steady`). `max_timed_steps` ends the run after that many timed steps
     (`make bench`; once `trainer.min_epochs` allows). A one-line diagnosis follows when waiting for data
     exceeds `data_wait_warn` of the time, when torch.compile recompiled during the timed steps, or when
     a GPU run's model is too small to keep the GPU busy.

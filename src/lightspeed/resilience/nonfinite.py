@@ -10,8 +10,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightspeed.compat.hooks import switch_off
-from lightspeed.config import ConfigError
-from lightspeed.failures import TrainingFailure
+from lightspeed.core.config import ConfigError
+from lightspeed.core.failures import TrainingFailure
 
 ADVICE = "try a lower model.optimizer.lr, trainer.gradient_clip_val=1.0, bf16-mixed instead of 16-mixed"
 

@@ -28,14 +28,14 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from lightspeed.data.augment import random_crop, random_flip
 from lightspeed.models.optim import build_optimizer, build_scheduler
-from lightspeed.steady import settled
+from lightspeed.speed.steady import settled
 
 AUTOCAST = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 @dataclass
 class Settings:
-    """What a preset resolved to for this run (`lightspeed.accel.resolve`), field for field."""
+    """What a preset resolved to for this run (`lightspeed.speed.accel.resolve`), field for field."""
 
     device: str
     batch_size: int

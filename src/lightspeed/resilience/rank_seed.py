@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightspeed import ranks, rng
+from lightspeed.resilience import rank_state
 
 
 class RankSeed(L.Callback):
@@ -41,7 +41,7 @@ class RankSeed(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's states (a collective: Lightning builds checkpoints on all ranks at once)."""
-        return {"ranks": ranks.gather(rng.capture())}
+        return {"ranks": rank_state.gather(rank_state.capture())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict
@@ -57,4 +57,4 @@ class RankSeed(L.Callback):
                 f"{trainer.world_size}: continuing with fresh seeds (the run is no longer bit-exact)"
             )
             return
-        rng.restore(ranks[trainer.global_rank])
+        rank_state.restore(ranks[trainer.global_rank])

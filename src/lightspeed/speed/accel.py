@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.device import can_flush, cpu_count, skip_repeated_cuda_probe, thread_modes
+from lightspeed.core.device import can_flush, cpu_count, skip_repeated_cuda_probe, thread_modes
 
 #: The loader settings an accel preset sets under `data.` (where the DataModule's constructor reads them).
 LOADER_KNOBS = (

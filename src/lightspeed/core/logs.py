@@ -1,10 +1,27 @@
-"""Silence known third-party noise, narrowly: by message and by the module that raises it.
-
-Everything else, our own deprecations above all, stays visible (and is an error under pytest).
+"""What a run prints: Lightning's messages and Python warnings go through the logging Hydra set up (to
+the console and `<run dir>/train.log`), and known third-party noise is silenced, narrowly: by message
+and by the module that raises it. Everything else, our own deprecations above all, stays visible (and is
+an error under pytest).
 """
 
 import logging
 import warnings
+
+
+def route_to_run_log() -> None:
+    """Call inside a Hydra task, after Hydra configured the root logger.
+
+    Lightning gives its loggers a console handler of their own and stops propagation when it is
+    imported before any logging is configured, which is always the case under Hydra: its messages
+    then never reach the run's log file.
+    """
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "torchmetrics"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+        logger.propagate = True
+    logging.captureWarnings(True)
+
 
 # (message regex, category, module regex) of warnings that say nothing a Lightspeed user can act on.
 KNOWN_WARNINGS: list[tuple[str, type[Warning], str]] = [

@@ -9,9 +9,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import Metric
 
-from lightspeed import ranks
 from lightspeed.compat.trainer import batches_done_in_epoch, mark_updated
-from lightspeed.config import ConfigError
+from lightspeed.core.config import ConfigError
+from lightspeed.resilience import rank_state
 
 # the attribute that holds a schedule's length, for the schedules whose length is fixed when made
 _LENGTH = ("total_steps", "T_max")
@@ -46,7 +46,7 @@ class ExactResume(L.Callback):
                 }
                 for name, m in _metrics(pl_module)
             }
-            checkpoint["metric_state"] = {"epoch": trainer.current_epoch, "ranks": ranks.gather(mine)}
+            checkpoint["metric_state"] = {"epoch": trainer.current_epoch, "ranks": rank_state.gather(mine)}
         logged = trainer.callback_metrics.items()
         self._latest.update({k: float(v) for k, v in logged if k.startswith(("train/", "val/"))})
         checkpoint["metrics"] = dict(self._latest)

@@ -1,0 +1,74 @@
+"""The package's layout is its architecture: each room imports only from rooms on lower floors (or from
+itself), so that a user's `models/` and `data/` never depend on the machinery, and the machinery never
+on the commands that use it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import lightspeed
+
+PACKAGE = Path(lightspeed.__file__).parent
+
+#: Floors, lowest first; a room is a subpackage or a top-level module.
+FLOORS: list[set[str]] = [
+    {"compat"},  # the one door to Lightning's internals
+    {"core"},  # config, device facts, failures, logs, summary
+    {"models", "data", "testing"},  # the user's part
+    {"resilience", "speed"},  # the machinery, by concern
+    {"run"},  # composing the config, building the objects
+    {"train", "eval", "bench", "doctor", "callbacks"},  # the commands, and the names conf/ uses
+]
+
+
+def room(module: str) -> str | None:
+    """`lightspeed.speed.accel` -> `speed`; the package root (its version and `CONF_DIR`) has none."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "lightspeed" and len(parts) > 1 else None
+
+
+def floor(name: str) -> int:
+    for i, rooms in enumerate(FLOORS):
+        if name in rooms:
+            return i
+    raise AssertionError(f"{name} is on no floor of tests/test_layout.py: add it where it belongs")
+
+
+def imports(path: Path) -> set[str]:
+    """Every `lightspeed...` module `path` imports, at the top or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lightspeed"):
+            found |= {f"{node.module}.{a.name}" if node.module == "lightspeed" else node.module for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("lightspeed")}
+    return found
+
+
+def test_every_import_goes_to_the_same_room_or_a_lower_floor() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(("lightspeed", *path.relative_to(PACKAGE).with_suffix("").parts))
+        mine = room(module)
+        if mine in (None, "__init__"):
+            continue
+        for target in imports(path):
+            theirs = room(target)
+            if theirs in (None, "CONF_DIR", mine):
+                continue
+            if floor(theirs) >= floor(mine):
+                upward.append(f"{module} imports {target}")
+    assert not upward, "imports that run sideways or up a floor:\n" + "\n".join(upward)
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from lightspeed.run import build\nimport lightspeed.speed.accel\n")
+    assert imports(probe) == {"lightspeed.run", "lightspeed.speed.accel"}
+    assert floor(room("lightspeed.run")) > floor(room("lightspeed.data.base"))
+
+
+def test_the_top_level_holds_the_users_part_and_the_rooms() -> None:
+    top = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert top - {"__init__"} == set().union(*FLOORS)
