@@ -10,7 +10,11 @@ loadable checkpoint; a save cut short leaves only a `.tmp`). Checkpoints are wri
 kills land mid-epoch, at epoch ends and during saves (and a few in the final test). Each finished
 trial's final weights (last.ckpt) and metrics (summary.json) are compared bit for bit with the
 reference's. Prints, per mode,
-"N/N resumed, weights identical to the uninterrupted run"; exits 1 if any trial differs.
+"N/N resumed, weights identical to the uninterrupted run". Then two scenarios per mode: the same command
+started twice at once (the run folder's lock lets one train and refuses the other in one line), and a
+checkpoint of another run, further into training, dropped into the run's folder after a kill (resume
+passes it over). Each must end with the run's own state identical to the reference. Exits 1 if any
+trial or scenario differs.
 """
 
 from __future__ import annotations
@@ -115,6 +119,44 @@ def trial(mode: str, run_dir: Path, extra: list[str], training: float, rng: rand
     return f"{killed}; files then: {', '.join(leftovers) or 'none'}; {source}; {runs} rerun(s)"
 
 
+def twice_at_once(mode: str, run_dir: Path, extra: list[str]) -> tuple[bool, str]:
+    """Two copies of one command started together: one trains, the other is refused (exit 2, one line
+    naming the holder) or, if it came second, continues or finds nothing left to train."""
+    cmd, log = command(mode, run_dir, extra), run_dir.with_suffix(".log")
+    run_dir.mkdir(parents=True)
+    procs = [start(cmd, run_dir.with_name(f"{run_dir.name}-{i}.log")) for i in (1, 2)]
+    codes = sorted(p.wait(timeout=900) for p in procs)
+    logs = "".join(run_dir.with_name(f"{run_dir.name}-{i}.log").read_text() for i in (1, 2))
+    refused = "is in use by another run" in logs
+    finish(cmd, log)  # the run completes whatever happened, as a person would rerun it
+    files = sorted(p.name for p in (run_dir / "checkpoints").glob("*"))
+    ok = codes in ([0, 0], [0, 2]) and not [f for f in files if "-v" in f or f.endswith(".tmp")]
+    lock = "one refused by the lock" if refused else "none refused"
+    return ok, f"exit codes {codes}, {lock}; files: {', '.join(files)}"
+
+
+def foreign_checkpoint(mode: str, run_dir: Path, extra: list[str], training: float) -> tuple[bool, str]:
+    """Kill a run halfway, drop another run's checkpoint (its identity differs, its step is far ahead)
+    beside the run's own, rerun: resume must pass it over and last.ckpt must stay the run's."""
+    cmd, log = command(mode, run_dir, extra), run_dir.with_suffix(".log")
+    run_dir.mkdir(parents=True)
+    proc = start(cmd, log)
+    started(proc, run_dir)
+    try:
+        proc.wait(timeout=training / 2)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    own = sorted((run_dir / "checkpoints").glob("*.ckpt"))
+    foreign = torch.load(own[-1], weights_only=True)
+    foreign["global_step"] = 10**6
+    foreign["identity"]["config"]["seed"] = -1  # another run's settings
+    torch.save(foreign, run_dir / "checkpoints" / "zz-foreign.ckpt")
+    finish(cmd, log)
+    passed_over = "zz-foreign.ckpt: written by another run" in log.read_text()
+    return passed_over, f"foreign checkpoint {'passed over' if passed_over else 'NOT passed over'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
@@ -150,6 +192,18 @@ def main() -> None:
         verdict = "weights identical to the uninterrupted run" if same == args.trials else "NOT all identical"
         print(f"{mode}: {same}/{args.trials} resumed, {verdict}")
         failed |= same != args.trials
+        scenarios = {
+            "the same command twice at once": lambda d, m=mode: twice_at_once(m, d, args.extra),
+            "another run's checkpoint dropped in": lambda d, m=mode, s=training: foreign_checkpoint(
+                m, d, args.extra, s
+            ),
+        }
+        for name, scenario in scenarios.items():
+            run_dir = root / mode / name.replace(" ", "-").replace("'", "")
+            ok, story = scenario(run_dir)
+            ok = ok and identical(reference, run_dir)
+            print(f"{mode}: {name}: {story}: {'identical' if ok else 'DIFFERENT'}", flush=True)
+            failed |= not ok
     print(f"runs and logs: {root}")
     raise SystemExit(1 if failed else 0)
 

@@ -60,10 +60,16 @@ def eval_dir(tmp_path: Path) -> Path:
     return tmp_path / "logs" / "eval" / "runs" / "test"
 
 
-#: Overrides for a small but real run (debug=limit: 2 epochs of a few batches, checkpoints and logs
-#: included) that prints little.
+#: Overrides for a small but real run (as debug=limit: 2 epochs of a few batches, but with checkpoints,
+#: which debug runs do not write) that prints little.
+LIMIT = [
+    "trainer.max_epochs=2",
+    "++trainer.limit_train_batches=5",
+    "++trainer.limit_val_batches=2",
+    "++trainer.limit_test_batches=2",
+]
 TINY = [
-    "debug=limit",
+    *LIMIT,
     "trainer.num_sanity_val_steps=0",
     "trainer.log_every_n_steps=1",
     "callbacks.rich_progress_bar=null",

@@ -19,7 +19,7 @@ from lightspeed.speed import accel
 from lightspeed.train import train
 from probes import BatchProbe
 
-FIT_ONLY = [*TINY, "trainer.max_epochs=1", "test_after_fit=false"]
+FIT_ONLY = [*TINY, "trainer.max_epochs=1", "test_after_fit=false", "++trainer.enable_checkpointing=false"]
 
 
 def test_presets_compose_to_what_they_promise(train_cfg) -> None:

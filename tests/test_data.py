@@ -142,7 +142,7 @@ def test_default_preset_serves_in_memory_data_from_memory_and_off_uses_a_dataloa
     from conftest import TINY
     from lightspeed.train import train
 
-    fit = [*TINY, "trainer.max_epochs=1", "test_after_fit=false"]
+    fit = [*TINY, "trainer.max_epochs=1", "test_after_fit=false", "++trainer.enable_checkpointing=false"]
     assert type(train(train_cfg(*fit)).trainer.train_dataloader).__name__ == "DeviceLoader"
     off = train(train_cfg(*fit, "accel=off")).trainer.train_dataloader
     assert type(off).__name__ == "ResumableDataLoader"

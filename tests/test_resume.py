@@ -36,8 +36,11 @@ def test_the_same_command_names_the_same_run_and_a_changed_setting_a_new_one(tmp
     assert _name(tmp_path, "run_name=mine") == "mine"
 
 
+TINY_RUN = [*TINY, "test_after_fit=false", "model.scheduler.name=none"]
+
+
 def _tiny_run(train_cfg, *extra: str) -> L.Trainer:
-    return train(train_cfg(*TINY, "test_after_fit=false", "model.scheduler.name=none", *extra)).trainer
+    return train(train_cfg(*TINY_RUN, *extra)).trainer
 
 
 def test_auto_resume_takes_the_newest_loadable_checkpoint_and_names_each_it_skips(
@@ -50,19 +53,24 @@ def test_auto_resume_takes_the_newest_loadable_checkpoint_and_names_each_it_skip
     (folder / "zz-truncated.ckpt").write_bytes(good[: len(good) // 2])
     (folder / "last.ckpt.tmp").write_bytes(good[:100])  # a save killed midway: not a .ckpt, ignored
     with pytest.warns(UserWarning) as warned:
-        path = resume.resolve(train_cfg(*TINY))  # corrupt files first, with newer names and times
+        path = resume.resolve(train_cfg(*TINY_RUN))  # corrupt files first, with newer names and times
     assert path == str(folder / "last.ckpt")
     skipped = sorted(str(w.message) for w in warned if "skipping" in str(w.message))
     assert len(skipped) == 2 and "zz-empty.ckpt" in skipped[0] and "zz-truncated.ckpt" in skipped[1]
-    resumed = _tiny_run(train_cfg, "trainer.max_epochs=3")
-    assert resumed.global_step == 15  # 10 restored, 5 trained
+    assert _tiny_run(train_cfg).global_step == 10  # resumed from last.ckpt: nothing left to train
 
 
 def test_a_schedule_cannot_be_stretched_on_resume(train_cfg, capsys) -> None:
-    train(train_cfg(*TINY, "test_after_fit=false", "model.scheduler.name=onecycle"))
+    first = train(train_cfg(*TINY, "test_after_fit=false", "model.scheduler.name=onecycle"))
+    longer = ["model.scheduler.name=onecycle", "trainer.max_epochs=3", "run_name=longer"]
     with pytest.raises(SystemExit) as exit_:
         train(
-            train_cfg(*TINY, "test_after_fit=false", "model.scheduler.name=onecycle", "trainer.max_epochs=3")
+            train_cfg(
+                *TINY,
+                "test_after_fit=false",
+                *longer,
+                f"ckpt_path={first.trainer.checkpoint_callback.last_model_path}",
+            )
         )
     assert exit_.value.code == 2
     assert "schedule spans 10 steps, this run's 15" in capsys.readouterr().err
@@ -71,9 +79,9 @@ def test_a_schedule_cannot_be_stretched_on_resume(train_cfg, capsys) -> None:
 def test_resume_never_refuses_to_overwrite_a_run(train_cfg, run_dir: Path) -> None:
     _tiny_run(train_cfg)
     with pytest.raises(ConfigError, match=r"resume=never.*last\.ckpt, step 10.*resume=auto.*run_name"):
-        resume.resolve(train_cfg(*TINY, "resume=never"))
+        resume.resolve(train_cfg(*TINY_RUN, "resume=never"))
     assert (
-        resume.resolve(train_cfg(*TINY, f"paths.output_dir={run_dir.parent / 'fresh'}", "resume=never"))
+        resume.resolve(train_cfg(*TINY_RUN, f"paths.output_dir={run_dir.parent / 'fresh'}", "resume=never"))
         is None
     )
 
@@ -161,6 +169,6 @@ def test_a_last_checkpoint_behind_the_one_resumed_from_is_brought_up_to_date(
     stale = torch.load(folder / "last.ckpt", weights_only=True)
     stale["global_step"] = 7  # as if last.ckpt were still from an earlier step
     torch.save(stale, folder / "last.ckpt")
-    assert resume.resolve(train_cfg(*TINY)) == str(best)  # the furthest one, copied over last.ckpt
+    assert resume.resolve(train_cfg(*TINY_RUN)) == str(best)  # the furthest one, copied over last.ckpt
     assert (folder / "last.ckpt").read_bytes() == best.read_bytes()
     assert _tiny_run(train_cfg).global_step == 10  # and nothing left to train

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY
+from conftest import LIMIT, TINY
 from lightspeed.core.device import gpu_model, math_mode, peak_flops
 from lightspeed.speed.report import SPEED_FILE
 from lightspeed.train import train
@@ -189,7 +189,7 @@ def test_model_checkpoint_skips_per_step_checks_and_still_saves_every_n_train_st
         return real(self, trainer)
 
     monkeypatch.setattr(Stock, "_should_skip_saving_checkpoint", counted)
-    cfg = train_cfg("debug=limit", "trainer.max_epochs=1", "++trainer.limit_train_batches=6")
+    cfg = train_cfg(*LIMIT, "trainer.max_epochs=1", "++trainer.limit_train_batches=6")
     counts = []
     for target in ["lightning.pytorch.callbacks.ModelCheckpoint", "lightspeed.callbacks.ModelCheckpoint"]:
         checks.clear()
@@ -200,7 +200,7 @@ def test_model_checkpoint_skips_per_step_checks_and_still_saves_every_n_train_st
     assert counts == [6, 0]  # Lightning's checks the trainer after each of the 6 steps
     result = train(
         train_cfg(
-            "debug=limit",
+            *LIMIT,
             f"paths.output_dir={run_dir / 'every2'}",
             "trainer.max_epochs=1",
             "++trainer.limit_train_batches=4",

@@ -79,7 +79,7 @@ def test_a_compiled_run_compiles_the_training_forward_once(train_cfg) -> None:
 NO_VAL = [
     "++trainer.limit_val_batches=0",
     "trainer.num_sanity_val_steps=0",
-    "callbacks.model_checkpoint=null",
+    "++trainer.enable_checkpointing=false",
 ]
 
 

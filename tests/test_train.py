@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from conftest import TINY
+from conftest import LIMIT, TINY
 from lightspeed.core.config import ConfigError
 from lightspeed.core.summary import SUMMARY_FILE
 from lightspeed.eval import find_checkpoint
@@ -20,7 +20,7 @@ from lightspeed.models.classifier import Classifier
 from lightspeed.train import train
 from probes import AutocastProbe
 
-QUIET = TINY[1:]  # TINY without debug=limit
+QUIET = [o for o in TINY if o not in LIMIT]  # TINY without its 2 epochs of a few batches
 
 
 @pytest.mark.parametrize("data", ["digits", "synthetic"])
@@ -189,11 +189,14 @@ def test_logger_options(train_cfg, run_dir: Path, logger: str, artifact: str | N
         assert (run / artifact).is_file()
 
 
-def test_callbacks_none_keeps_lightning_defaults_only(train_cfg) -> None:
-    result = train(train_cfg("callbacks=none", "debug=limit", "+trainer.enable_progress_bar=false"))
+def test_callbacks_none_keeps_what_nothing_lost_needs(train_cfg, run_dir: Path) -> None:
+    """callbacks=none drops the optional callbacks, not the run's checkpoints where resume=auto looks,
+    preemption or the non-finite guard."""
+    result = train(train_cfg("callbacks=none", *LIMIT, "+trainer.enable_progress_bar=false"))
     names = {type(cb).__name__ for cb in result.trainer.callbacks}
     assert "EarlyStopping" not in names and "LearningRateMonitor" not in names
-    assert "RankSeed" in names
+    assert {"RankSeed", "Preemption", "NonFiniteGuard", "ModelCheckpoint"} <= names
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["last.ckpt"]
 
 
 def test_profiler_debug_option_writes_a_report(train_cfg, run_dir: Path) -> None:

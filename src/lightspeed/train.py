@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
 from lightspeed.core.logs import silence_known_noise
-from lightspeed.resilience import checkpoint, resume
+from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.run import build
 from lightspeed.run.entry import hydra_entry
 from lightspeed.speed import accel
@@ -93,72 +93,79 @@ class TrainResult:
 def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainResult:
     """Train as `cfg` says, with `extra_callbacks` beside the configured ones (for programmatic use)."""
     silence_known_noise()
-    with exit_on_config_error():
-        validate_train(cfg)
-        refuse_multirun_with_ddp(cfg)
-        idle = accel.resolve(cfg)
-        accel.apply_to_torch(cfg)
-        L.seed_everything(cfg.seed, workers=True, verbose=False)
-        dm = build.datamodule(cfg)
-        model = build.model(cfg, dm)
-        accel.apply_to_model(cfg, model)
-        trainer = build.trainer(cfg, extra_callbacks)
-        accel.report_idle(idle, accel.device_type(cfg))
-        ckpt_path, start_info = resume.start(cfg)
-    config = build.plain_config(cfg)
-    for logger in trainer.loggers:
-        logger.log_hyperparams(config)
+    with ExitStack() as held:
+        with exit_on_config_error():
+            validate_train(cfg)
+            refuse_multirun_with_ddp(cfg)
+            held.enter_context(lock.held(Path(cfg.paths.output_dir)))  # until the run ends, however
+            ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves its autos
+            idle = accel.resolve(cfg)
+            accel.apply_to_torch(cfg)
+            L.seed_everything(cfg.seed, workers=True, verbose=False)
+            dm = build.datamodule(cfg)
+            model = build.model(cfg, dm)
+            accel.apply_to_model(cfg, model)
+            trainer = build.trainer(cfg, extra_callbacks, ident)
+            accel.report_idle(idle, accel.device_type(cfg))
+            ckpt_path, start_info = resume.start(cfg, ident)
+        config = build.plain_config(cfg)
+        for logger in trainer.loggers:
+            logger.log_hyperparams(config)
 
-    start = time.perf_counter()
-    # weights_only: a checkpoint can only hold plain data; loading it never runs code
-    with (
-        exit_on_config_error(),
-        exit_on_failure(cfg, trainer),
-        stop_other_ranks_on_failure(trainer),
-        checkpoint.loading(ckpt_path),
-    ):
-        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
-    fit_s = time.perf_counter() - start
-    ckpt = trainer.checkpoint_callback
-    # Only a monitored checkpoint is a "best" one (Lightning's default checkpoint just keeps the last).
-    best = ckpt.best_model_path if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
-    metrics: dict[str, float] = {
-        k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
-    }
-    if start_info is not None:
-        # What the run last measured before the checkpoint, where this attempt has not measured it again
-        # (a resumed stretch after the last logging step logs no loss): as an uninterrupted run reports.
-        metrics = {**start_info["metrics"], **metrics}
-        if trainer.global_step == start_info["global_step"]:
-            rank_zero_info(
-                f"nothing left to train: {ckpt_path} had already finished; testing its best checkpoint "
-                "again (run_name=<new name> trains a new run)"
-            )
-    tested = cfg.get("test_after_fit", True)
-    if tested:
-        # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.
-        with exit_on_failure(cfg, trainer), stop_other_ranks_on_failure(trainer):
-            results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
-        metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
+        start = time.perf_counter()
+        # weights_only: a checkpoint can only hold plain data; loading it never runs code
+        with (
+            exit_on_config_error(),
+            exit_on_failure(cfg, trainer),
+            stop_other_ranks_on_failure(trainer),
+            checkpoint.loading(ckpt_path),
+        ):
+            trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
+        fit_s = time.perf_counter() - start
+        ckpt = trainer.checkpoint_callback
+        # Only a monitored checkpoint is a "best" one (Lightning's default checkpoint just keeps the last).
+        best = ckpt.best_model_path if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
+        metrics: dict[str, float] = {
+            k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
+        }
+        if start_info is not None:
+            # What the run last measured before the checkpoint, where this attempt has not measured it again
+            # (a resumed stretch after the last logging step logs no loss): as an uninterrupted run reports.
+            metrics = {**start_info["metrics"], **metrics}
+            if trainer.global_step == start_info["global_step"]:
+                rank_zero_info(
+                    f"nothing left to train: {ckpt_path} had already finished; testing its best checkpoint "
+                    "again (run_name=<new name> trains a new run)"
+                )
+        tested = cfg.get("test_after_fit", True)
+        if tested:
+            # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.
+            with exit_on_failure(cfg, trainer), stop_other_ranks_on_failure(trainer):
+                results = trainer.test(
+                    model, datamodule=dm, ckpt_path="best" if best else None, verbose=False
+                )
+            metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
 
-    score = _optimized_score(cfg, trainer, metrics)
-    run_dir = Path(cfg.paths.output_dir)
-    summary.report(
-        "Lightspeed: training finished",
-        run_dir,
-        {
-            "run_dir": run_dir,
-            "best_checkpoint": best,
-            "last_checkpoint": ckpt.last_model_path if ckpt is not None and ckpt.last_model_path else None,
-            "global_step": trainer.global_step,
-            "epochs": trainer.current_epoch,
-            "fit_seconds": round(fit_s, 2),
-            "tested": None if not tested else "best checkpoint" if best else "weights in memory",
-            "config": config,
-        },
-        metrics,
-    )
-    return TrainResult(trainer, model, score, metrics, best)
+        score = _optimized_score(cfg, trainer, metrics)
+        run_dir = Path(cfg.paths.output_dir)
+        summary.report(
+            "Lightspeed: training finished",
+            run_dir,
+            {
+                "run_dir": run_dir,
+                "best_checkpoint": best,
+                "last_checkpoint": ckpt.last_model_path
+                if ckpt is not None and ckpt.last_model_path
+                else None,
+                "global_step": trainer.global_step,
+                "epochs": trainer.current_epoch,
+                "fit_seconds": round(fit_s, 2),
+                "tested": None if not tested else "best checkpoint" if best else "weights in memory",
+                "config": config,
+            },
+            metrics,
+        )
+        return TrainResult(trainer, model, score, metrics, best)
 
 
 def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> float | None:

@@ -36,7 +36,7 @@ class Preempted(BaseException):
     """A preemption signal arrived and a checkpoint was saved: not an error, so not an Exception (user
     code that catches Exception lets it through)."""
 
-    def __init__(self, signum: int, step: int, path: str) -> None:
+    def __init__(self, signum: int, step: int, path: str | None) -> None:
         super().__init__(signum, step, path)
         self.signum, self.step, self.path = signum, step, path
 
@@ -92,10 +92,15 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
         yield
     except Preempted as stop:
         name = signal.Signals(stop.signum).name
-        _say(
-            f"preempted by {name}: saved {stop.path} at step {stop.step}; "
-            "rerun the same command to continue (resume=auto)"
-        )
+        if stop.path is None:
+            _say(
+                f"preempted by {name} at step {stop.step}: nothing saved (trainer.enable_checkpointing=false)"
+            )
+        else:
+            _say(
+                f"preempted by {name}: saved {stop.path} at step {stop.step}; "
+                "rerun the same command to continue (resume=auto)"
+            )
         raise SystemExit(128 + stop.signum if agreed is None else agreed) from None
     except TrainingFailure as err:
         _say(f"error: {err}")

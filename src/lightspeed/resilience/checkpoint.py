@@ -1,9 +1,17 @@
-"""Checkpoints that are never half-written and never run code when loaded."""
+"""Checkpoints that are never half-written, never run code when loaded, and say when their bytes changed.
+
+Each checkpoint holds a checksum of its tensors (`checkpoint["checksum"]`): torch does not check its
+archive's CRCs, so a flipped bit in a weight would otherwise load and train on. It is kept inside the
+file, not beside it, so that no crash between two writes can make a good checkpoint look corrupt.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
+import re
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +25,8 @@ from lightspeed.core.failures import TrainingFailure
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write `<name>.tmp` beside the target, fsync it, `os.replace` it into place, fsync the folder.
+    """Write a temporary file beside the target (a name of its own per write, so that two writers never
+    share one), fsync it, `os.replace` it into place, fsync the folder.
 
     At every moment the target path holds either the previous complete checkpoint or the new one.
     Lightning 2.6's own writer makes its temporary file under $TMPDIR and moves it: across file
@@ -29,9 +38,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         _refuse_non_finite(checkpoint, path)
+        checkpoint[CHECKSUM_KEY] = checksum(checkpoint)
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
+        tmp = target.with_name(f"{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
         try:
             with open(tmp, "wb") as f:
                 torch.save(checkpoint, f)
@@ -41,6 +51,69 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             tmp.unlink(missing_ok=True)
         _fsync_dir(target.parent)
+
+
+CHECKSUM_KEY = "checksum"
+
+
+def checksum(checkpoint: dict[str, Any]) -> str:
+    """A BLAKE2b digest of every tensor in the checkpoint (names, dtypes, shapes and bytes), in key order."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, tensor in _tensors({k: v for k, v in checkpoint.items() if k != CHECKSUM_KEY}):
+        if tensor.layout != torch.strided:
+            continue
+        data = tensor.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}|{data.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return h.hexdigest()
+
+
+def problem(path: Path) -> str | None:
+    """Why the checkpoint at `path` must not be trained from (unreadable, Python objects, a checksum that
+    no longer matches its tensors, weights that are not finite), or None. Reads the whole file."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError) as err:
+        return why(err, path)
+    if not isinstance(ckpt, dict):
+        return "not a Lightning checkpoint"
+    stored = ckpt.get(CHECKSUM_KEY)
+    if stored is not None and stored != checksum(ckpt):
+        return "its tensors no longer match their checksum (corrupted on disk?)"
+    weights = [t for t in (ckpt.get("state_dict") or {}).values() if isinstance(t, torch.Tensor)]
+    if not all(bool(torch.isfinite(t).all()) for t in weights if t.is_floating_point()):
+        return "its weights are not finite (NaN or inf)"
+    return None
+
+
+def why(err: BaseException, path: Any) -> str:
+    """What a failed `torch.load(..., weights_only=True)` of `path` says about the file, in a few words."""
+    if isinstance(err, pickle.UnpicklingError):
+        return "holds Python objects" if _is_zip(Path(path)) else "not a checkpoint file"
+    if isinstance(err, IsADirectoryError):
+        return "a folder, not a file"
+    if isinstance(err, FileNotFoundError):
+        return "does not exist"
+    return f"empty or truncated? {type(err).__name__}"
+
+
+def _is_zip(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def _tensors(node: Any, name: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(node, torch.Tensor):
+        yield name, node
+    elif isinstance(node, dict):
+        for key in sorted(node, key=str):
+            yield from _tensors(node[key], f"{name}/{key}")
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            yield from _tensors(item, f"{name}/{i}")
 
 
 def _refuse_non_finite(checkpoint: dict[str, Any], path: Any) -> None:
@@ -74,17 +147,28 @@ def _fsync_dir(folder: Path) -> None:
 
 @contextmanager
 def loading(path: Any) -> Iterator[None]:
-    """Around any checkpoint load: a refused pickle payload, or an empty or truncated file, becomes one
-    ConfigError line naming `ckpt_path`; every other error passes through unchanged."""
+    """Around any checkpoint load: a refused pickle payload, a file that is no checkpoint, an empty or
+    truncated one, or weights that do not fit the model become one ConfigError line naming `ckpt_path`;
+    every other error passes through unchanged."""
     try:
         yield
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as err:
+        if why(err, path) != "holds Python objects":
+            raise ConfigError(
+                f"ckpt_path={path} is not a checkpoint file: pass a .ckpt saved by Lightning"
+            ) from None
         raise ConfigError(
             f"ckpt_path={path} holds Python objects, not plain data, and was not loaded (unpickling "
             "them could run code): use a checkpoint saved by Lightspeed, or re-save its tensors from a "
             "trusted copy"
         ) from None
     except (EOFError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and "Error(s) in loading state_dict" in str(err):
+            raise ConfigError(
+                f"ckpt_path={path} does not fit the model ({_mismatches(str(err))}): the net's code or "
+                "settings changed since it was saved; use run_name=<new name> to train anew, or the code "
+                "and settings that wrote it"
+            ) from None
         # torch.load's errors for an empty file and for a truncated zip archive
         if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):
             raise
@@ -92,3 +176,27 @@ def loading(path: Any) -> Iterator[None]:
             f"ckpt_path={path} is not a readable checkpoint (empty or truncated? {type(err).__name__}): "
             "pass another one, e.g. the run's other .ckpt file"
         ) from None
+
+
+def _mismatches(message: str, most: int = 3) -> str:
+    """`load_state_dict`'s error, shortened to the tensors it names."""
+    found: list[str] = []
+    for line in message.splitlines()[1:]:
+        line = line.strip()
+        size = re.match(
+            r"size mismatch for (\S+): copying a param with shape (.+) from checkpoint, "
+            r"the shape in current model is (.+)\.$",
+            line,
+        )
+        if size:
+            found.append(f"{size[1]}: {_shape(size[2])} saved, {_shape(size[3])} now")
+        elif line.startswith(("Missing key(s)", "Unexpected key(s)")):
+            kind = "missing" if line.startswith("Missing") else "unexpected"
+            found += [f"{name} {kind}" for name in re.findall(r'"([^"]+)"', line)]
+    more = f" and {len(found) - most} more" if len(found) > most else ""
+    return "; ".join(found[:most]) + more if found else message.splitlines()[0]
+
+
+def _shape(text: str) -> str:
+    numbers = re.findall(r"\d+", text)
+    return "[" + ", ".join(numbers) + "]"

@@ -97,9 +97,11 @@ class Preemption(L.Callback):
     def _save_and_stop(self, trainer: L.Trainer, received: int) -> None:
         self._agreed = 0
         step = trainer.global_step
-        path = str(_checkpoint_dir(trainer) / "last.ckpt")
         callback = trainer.checkpoint_callback
-        if callback is not None and hasattr(callback, "last_model_path"):
+        if callback is None:  # checkpointing is off (a debug run): stop, saving nothing
+            raise Preempted(received, step, None)
+        path = str(_checkpoint_dir(trainer) / "last.ckpt")
+        if hasattr(callback, "last_model_path"):
             # its own record of last.ckpt, saved with it: after resuming it overwrites the file instead of
             # writing last-v1.ckpt beside it
             callback.last_model_path = path

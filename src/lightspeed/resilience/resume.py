@@ -1,87 +1,28 @@
-"""Run identity and auto-resume: the same command, rerun after a crash, continues where it stopped.
+"""Auto-resume: the same command, rerun after a crash, continues where it stopped.
 
-A run's folder is `logs/<task>/runs/<run_name>`. `run_name` defaults to the experiment (or data and
-model) and a hash of the config as composed, so the same command lands in the same folder and a changed
-setting starts a new one. `resume=auto` picks the newest checkpoint there that loads; `resume=never`
-refuses to start over a folder that has one, so nothing is overwritten.
+A run's folder is `logs/<task>/runs/<run_name>`; `run_name` defaults to a name with a hash of the run's
+identity (`identity.py`), so the same command lands in the same folder and a changed setting starts a new
+one. `resume=auto` picks the checkpoint furthest into training that this run wrote and that checks out
+(loads as plain data, matches its checksum, finite weights); `resume=never` refuses to start over a folder
+that has one, so nothing is overwritten. A folder reused with other settings (an explicit `run_name`) is
+refused, naming the keys that differ.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pickle
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.core.config import ConfigError
-
-#: Keys that say where a run lives, how it starts, or how it is watched and fed, not what it computes:
-#: left out of the identity, so that changing them continues the same run. (Loader settings change
-#: speed, not batches: both loaders serve the same order.)
-NOT_IDENTITY = (
-    "hydra",
-    "paths",
-    "run_name",
-    "resume",
-    "ckpt_path",
-    "test_after_fit",
-    "optimized_metric",
-    "logger",
-    "data.num_workers",
-    "data.pin_memory",
-    "data.persistent_workers",
-    "data.prefetch_factor",
-    "data.non_blocking",
-    "data.on_device",
-    "trainer.log_every_n_steps",
-    "trainer.num_sanity_val_steps",
-    "trainer.enable_progress_bar",
-    "trainer.enable_model_summary",
-    "callbacks.rich_progress_bar",
-    "callbacks.model_summary",
-    "callbacks.speed_report",
-    "callbacks.lr_monitor",
-    "callbacks.preemption",
-    "callbacks.nonfinite.check_every_n_steps",
-    "callbacks.model_checkpoint.every_n_train_steps",
-)
-
-
-def run_id(*, _root_: DictConfig) -> str:
-    """`${lightspeed.run_id:}`: `<experiment or data-model>-<8 hex of the config>`.
-
-    The hash covers the config before interpolation (`${...}` stay as written), so it is known before
-    Hydra makes the run folder and is the same in every DDP rank.
-    """
-    config = OmegaConf.to_container(_root_, resolve=False)
-    # Hydra hands the task its config without the `hydra` node: ask HydraConfig, then the node.
-    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else _root_.get("hydra")
-    choices = OmegaConf.select(hydra_cfg, "runtime.choices", default=None) or {} if hydra_cfg else {}
-    assert isinstance(config, dict)
-    for key in NOT_IDENTITY:
-        *parents, last = key.split(".")
-        node = config
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    experiment = choices.get("experiment")
-    name = experiment if experiment else "-".join(str(choices[g]) for g in ("data", "model") if g in choices)
-    return f"{(name or 'run').replace('/', '-')}-{digest}"
-
-
-def register_resolver() -> None:
-    """Make `${lightspeed.run_id:}` known to OmegaConf; needed before Hydra composes a config."""
-    OmegaConf.register_new_resolver("lightspeed.run_id", run_id, replace=True)
+from lightspeed.resilience import checkpoint, identity
 
 
 def checkpoint_dir(cfg: DictConfig) -> Path:
@@ -91,33 +32,53 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
 
 
 def inspect(path: Path, warn: bool = True) -> dict[str, Any] | None:
-    """The checkpoint's loop position and latest metrics if it loads as plain data, else None (with one
-    warning line, unless `warn` is false)."""
+    """The checkpoint's loop position, latest metrics and run identity if it loads as plain data, else
+    None (with one warning line, unless `warn` is false)."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return {
             "global_step": int(ckpt["global_step"]),
             "epoch": int(ckpt["epoch"]),
             "metrics": dict(ckpt.get("metrics", {})),
+            "identity": ckpt.get("identity"),
         }
-    except (pickle.UnpicklingError, EOFError, RuntimeError, KeyError, OSError, ValueError) as err:
-        reason = "holds Python objects" if isinstance(err, pickle.UnpicklingError) else type(err).__name__
+    except (pickle.UnpicklingError, EOFError, RuntimeError, KeyError, OSError, ValueError, TypeError) as err:
         if warn:
-            rank_zero_warn(f"resume=auto: skipping {path}: not a loadable checkpoint ({reason})")
+            rank_zero_warn(
+                f"resume=auto: skipping {path}: not a loadable checkpoint ({checkpoint.why(err, path)})"
+            )
         return None
 
 
-def latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The loadable checkpoint furthest into training (then the newest file) in `folder`."""
+def foreign(info: dict[str, Any], ident: dict[str, Any], adopted: bool) -> str | None:
+    """Why a checkpoint was not written by the run with identity `ident`, or None. `adopted`: the run
+    predates stored identities, and its checkpoints without one are its own."""
+    stored = info.get("identity")
+    if not isinstance(stored, dict):
+        return None if adopted else "it holds no run identity: not written by this run"
+    diffs = identity.differences(stored.get("config") or {}, ident)
+    return f"written by another run ({identity.describe(diffs)})" if diffs else None
+
+
+def latest(folder: Path, ident: dict[str, Any], adopted: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """This run's checkpoint furthest into training (then the newest file) in `folder` that checks out
+    (`checkpoint.problem`); each one passed over is named in a warning line."""
     found = []
     for path in folder.glob("*.ckpt") if folder.is_dir() else ():
         info = inspect(path)
-        if info is not None:
-            found.append(((info["global_step"], path.stat().st_mtime), path, info))
-    if not found:
-        return None
-    _, path, info = max(found, key=lambda f: f[0])
-    return path, info
+        if info is None:
+            continue
+        reason = foreign(info, ident, adopted)
+        if reason is not None:
+            rank_zero_warn(f"resume=auto: skipping {path}: {reason}")
+            continue
+        found.append(((info["global_step"], path.stat().st_mtime), path, info))
+    for _, path, info in sorted(found, key=lambda f: f[0], reverse=True):
+        reason = checkpoint.problem(path)
+        if reason is None:
+            return path, info
+        rank_zero_warn(f"resume=auto: skipping {path}: {reason}")
+    return None
 
 
 def resolve(cfg: DictConfig) -> str | None:
@@ -125,16 +86,43 @@ def resolve(cfg: DictConfig) -> str | None:
     return start(cfg)[0]
 
 
-def start(cfg: DictConfig) -> tuple[str | None, dict[str, Any] | None]:
-    """`resolve`, with the checkpoint's position and metrics as read while choosing it (None for an
-    explicit `ckpt_path` that does not load: its load gives the one-line error)."""
+def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
+    """`resolve`, with the checkpoint's position and metrics as read while choosing it, and the run's
+    identity (`ident`, else that of `cfg`) recorded in its folder (`run.json`)."""
+    run_dir = Path(str(cfg.paths.output_dir))
+    ident = ident if ident is not None else identity.of(cfg)
     if cfg.get("ckpt_path"):
-        return str(cfg.ckpt_path), inspect(Path(str(cfg.ckpt_path)), warn=False)
+        path = Path(str(cfg.ckpt_path))
+        info = inspect(path, warn=False)  # one that does not load: its load gives the one-line error
+        reason = checkpoint.problem(path) if info is not None else None
+        if reason is not None:
+            raise ConfigError(f"ckpt_path={path} cannot be trained from: {reason}; pass another checkpoint")
+        identity.write_record(run_dir, ident)
+        return str(path), info
+    if cfg.trainer.get("enable_checkpointing", True) is False or cfg.trainer.get("fast_dev_run"):
+        return None, None  # a run that writes no checkpoints (debug=*) resumes none either
     mode = cfg.get("resume", "auto")
     folder = checkpoint_dir(cfg)
-    found = latest(folder)
+    record = identity.read_record(run_dir)
+    has_checkpoints = folder.is_dir() and any(folder.glob("*.ckpt"))
+    if record is not None and has_checkpoints:
+        diffs = identity.differences(record["config"], ident)
+        if diffs:
+            raise ConfigError(
+                f"run_name={run_dir.name} holds a run with other settings ({identity.describe(diffs)}): "
+                f"use run_name=<new name> for a new run, and add ckpt_path={folder / 'last.ckpt'} to "
+                "fine-tune from it"
+            )
+    adopted = bool(record.get("adopted")) if record is not None else has_checkpoints
+    if record is None and has_checkpoints:
+        rank_zero_warn(
+            f"resume=auto: {run_dir} stores no run identity (a run from an older Lightspeed): its "
+            "checkpoints are taken as this run's"
+        )
+    found = latest(folder, ident, adopted)
     if found is None:
         _point_at_siblings(folder)
+        identity.write_record(run_dir, ident, adopted)
         return None, None
     path, info = found
     if mode == "never":
@@ -143,6 +131,7 @@ def start(cfg: DictConfig) -> tuple[str | None, dict[str, Any] | None]:
             f"{info['global_step']}) that starting over would overwrite: use resume=auto to continue "
             "that run, or run_name=<new name> for a new one"
         )
+    identity.write_record(run_dir, ident, adopted)
     rank_zero_info(f"resume=auto: continuing from {path} (epoch {info['epoch']}, step {info['global_step']})")
     _bring_last_up_to_date(path, info)
     return str(path), info
@@ -175,7 +164,7 @@ def _bring_last_up_to_date(path: Path, info: dict[str, Any]) -> None:
     if path == last or not last.is_file():
         return
     behind = inspect(last, warn=False)
-    if behind is None or behind["global_step"] < info["global_step"]:
-        tmp = last.with_name(last.name + ".tmp")
+    if behind is None or behind["global_step"] < info["global_step"] or checkpoint.problem(last) is not None:
+        tmp = last.with_name(f"{last.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
         shutil.copyfile(path, tmp)
         os.replace(tmp, last)

@@ -10,15 +10,20 @@ import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import get_object
 from hydra.utils import instantiate as _instantiate
-from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor
+from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, LearningRateMonitor
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.compat import hooks
+from lightspeed.compat.callbacks import ModelCheckpoint
 from lightspeed.core.config import ConfigError
+from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.exact_resume import ExactResume
+from lightspeed.resilience.identity import RunIdentity
+from lightspeed.resilience.nonfinite import NonFiniteGuard
+from lightspeed.resilience.preemption import Preemption
 from lightspeed.resilience.rank_seed import RankSeed
 from lightspeed.speed.accel import LOADER_KNOBS
 
@@ -87,22 +92,37 @@ def loggers(cfg: DictConfig) -> list[Logger]:
     return _group(cfg.get("logger"))
 
 
-def callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
-    """The configured callbacks, plus RankSeed and ExactResume, which every training run needs whatever
-    `callbacks=` says."""
+def callbacks(cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = None) -> list[Callback]:
+    """The configured callbacks, plus what every training run needs whatever `callbacks=` says: its
+    checkpoints where `resume=auto` looks (unless `trainer.enable_checkpointing=false`), preemption, the
+    non-finite guard, per-rank seeds, exact resume and the run's identity in each checkpoint (`ident`, taken
+    from the config as composed, before `accel` resolved it)."""
     found: list[Callback] = _group(cfg.get("callbacks"))
+    if "seed" not in cfg:  # eval
+        return found
+    saves = cfg.trainer.get("enable_checkpointing", True) is not False and not cfg.trainer.get("fast_dev_run")
+    if not saves:
+        found = [cb for cb in found if not isinstance(cb, Checkpoint)]
+    elif not any(isinstance(cb, Checkpoint) for cb in found):
+        found.append(ModelCheckpoint(dirpath=resume.checkpoint_dir(cfg), save_top_k=0, save_last=True))
+    if not any(isinstance(cb, Preemption) for cb in found):
+        found.append(Preemption())
+    if not any(isinstance(cb, NonFiniteGuard) for cb in found):
+        found.append(NonFiniteGuard())
     if not has_logger and any(isinstance(cb, LearningRateMonitor) for cb in found):
         rank_zero_info("logger=none: LearningRateMonitor has nowhere to write, so it is left out")
         found = [cb for cb in found if not isinstance(cb, LearningRateMonitor)]
     if cfg.trainer.get("limit_val_batches") == 0 and any(isinstance(cb, EarlyStopping) for cb in found):
         rank_zero_info("trainer.limit_val_batches=0: no validation, so EarlyStopping is left out")
         found = [cb for cb in found if not isinstance(cb, EarlyStopping)]
-    return [*found, RankSeed(cfg.seed), ExactResume()] if "seed" in cfg else found  # eval has no seed
+    return [*found, RankSeed(cfg.seed), ExactResume(), RunIdentity(ident or identity.of(cfg))]
 
 
-def trainer(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:
+def trainer(
+    cfg: DictConfig, extra_callbacks: Sequence[Callback] = (), ident: dict[str, Any] | None = None
+) -> L.Trainer:
     loggers_ = loggers(cfg)
-    configured = callbacks(cfg, bool(loggers_))
+    configured = callbacks(cfg, bool(loggers_), ident)
     for callback in configured:  # ours to change; the caller's extra callbacks are left as given
         hooks.skip_empty(callback, Callback)
     callbacks_ = [*configured, *extra_callbacks]

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, open_dict
 from lightspeed import CONF_DIR
 from lightspeed.core.config import check_group_choices, exit_on_config_error
 from lightspeed.core.logs import route_to_run_log
-from lightspeed.resilience.resume import register_resolver
+from lightspeed.resilience.identity import register_resolver
 
 register_resolver()
 

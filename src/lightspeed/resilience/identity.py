@@ -1,0 +1,205 @@
+"""A run's identity: the config that decides what it computes, kept in its folder and in every checkpoint.
+
+The folder name holds a hash of it (`run_id`), so that the same command lands in the same folder and a
+changed setting starts a new one. The stored copy is what lets a rerun check that a folder (reused through
+an explicit `run_name`) and each checkpoint in it really belong to this run, and say which keys differ.
+The code's git commit is kept beside it as provenance, not as identity: editing code continues a run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from lightspeed import CONF_DIR, __version__
+
+RECORD_FILE = "run.json"
+
+#: Keys that say where a run lives, how it starts, or how it is watched and fed, not what it computes:
+#: left out of the identity, so that changing them continues the same run. (Loader settings change
+#: speed, not batches: both loaders serve the same order.)
+NOT_IDENTITY = (
+    "hydra",
+    "paths",
+    "run_name",
+    "resume",
+    "ckpt_path",
+    "test_after_fit",
+    "optimized_metric",
+    "logger",
+    "allowed_targets",
+    "data.num_workers",
+    "data.pin_memory",
+    "data.persistent_workers",
+    "data.prefetch_factor",
+    "data.non_blocking",
+    "data.on_device",
+    "trainer.log_every_n_steps",
+    "trainer.num_sanity_val_steps",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "callbacks.rich_progress_bar",
+    "callbacks.model_summary",
+    "callbacks.speed_report",
+    "callbacks.lr_monitor",
+    "callbacks.preemption",
+    "callbacks.nonfinite.check_every_n_steps",
+    "callbacks.model_checkpoint.every_n_train_steps",
+)
+
+#: Keys a Lightspeed release added after runs existed, with the value that behaves as before they did:
+#: at that value a key is left out of the identity, so that upgrading continues the runs made before it.
+#: Add every new key that changes what a run computes here (tests/test_resume.py pins the default
+#: run's hash to catch a key that was not).
+ADDED_KEYS: dict[str, Any] = {}
+
+
+def identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The part of a config container (interpolations as written) that decides what the run computes."""
+    config = json.loads(json.dumps(config, default=str))  # a deep copy, of plain data
+    for key in NOT_IDENTITY:
+        _pop(config, key)
+    for key, value in ADDED_KEYS.items():
+        if _lookup(config, key) == value:
+            _pop(config, key)
+    return config
+
+
+def digest(ident: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def of(cfg: DictConfig) -> dict[str, Any]:
+    """`identity` of a composed config."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(container, dict)
+    return identity(container)
+
+
+def run_id(*, _root_: DictConfig) -> str:
+    """`${lightspeed.run_id:}`: `<experiment or data-model>-<8 hex of the identity>`.
+
+    The hash covers the config before interpolation (`${...}` stay as written), so it is known before
+    Hydra makes the run folder and is the same in every DDP rank.
+    """
+    # Hydra hands the task its config without the `hydra` node: ask HydraConfig, then the node.
+    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else _root_.get("hydra")
+    choices = OmegaConf.select(hydra_cfg, "runtime.choices", default=None) or {} if hydra_cfg else {}
+    experiment = choices.get("experiment")
+    name = experiment if experiment else "-".join(str(choices[g]) for g in ("data", "model") if g in choices)
+    return f"{(name or 'run').replace('/', '-')}-{digest(of(_root_))}"
+
+
+def register_resolver() -> None:
+    """Make `${lightspeed.run_id:}` known to OmegaConf; needed before Hydra composes a config."""
+    OmegaConf.register_new_resolver("lightspeed.run_id", run_id, replace=True)
+
+
+def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: stored -> current` for every leaf that differs, sorted by key."""
+    a, b = _flatten(stored), _flatten(current)
+    missing = object()
+    return [
+        f"{key}: {_show(a.get(key, missing))} -> {_show(b.get(key, missing))}"
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key, missing) != b.get(key, missing)
+    ]
+
+
+def describe(diffs: list[str], most: int = 3) -> str:
+    more = f" and {len(diffs) - most} more" if len(diffs) > most else ""
+    return "; ".join(diffs[:most]) + more
+
+
+def read_record(run_dir: Path) -> dict[str, Any] | None:
+    """The run's stored identity, or None for a run from before Lightspeed kept one (or a broken file)."""
+    try:
+        record = json.loads((run_dir / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("config"), dict) else None
+
+
+@rank_zero_only
+def write_record(run_dir: Path, ident: dict[str, Any], adopted: bool = False) -> None:
+    """Write or extend `<run dir>/run.json`: the identity once, and each attempt's start, Lightspeed version
+    and git commit (provenance: what code trained which stretch). `adopted`: a run from before Lightspeed
+    stored identities, whose checkpoints (with none) are taken as its own."""
+    record = read_record(run_dir) or {"identity": digest(ident), "config": ident, "adopted": adopted}
+    record["identity"], record["config"] = digest(ident), ident
+    attempt = {"started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    attempt |= {"lightspeed": __version__, **code_commit()}
+    record.setdefault("attempts", []).append(attempt)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{RECORD_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    os.replace(tmp, run_dir / RECORD_FILE)
+
+
+def code_commit() -> dict[str, Any]:
+    """The git commit of the code and whether it had uncommitted changes; empty outside a git checkout."""
+    repo = CONF_DIR.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {}
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+class RunIdentity(L.Callback):
+    """Stores the run's identity in every checkpoint (`checkpoint["identity"]`), so that auto-resume takes
+    only the checkpoints this run wrote, and a checkpoint names the settings it was trained with."""
+
+    def __init__(self, ident: dict[str, Any]) -> None:
+        self.ident = ident
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint["identity"] = {"digest": digest(self.ident), "config": self.ident}
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out |= _flatten(value, f"{prefix}{key}.")
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def _show(value: Any) -> str:
+    return "(absent)" if type(value) is object else json.dumps(value, default=str)
+
+
+def _lookup(config: dict[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _pop(config: dict[str, Any], key: str) -> None:
+    *parents, last = key.split(".")
+    node: Any = config
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(last, None)

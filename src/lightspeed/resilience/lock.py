@@ -1,0 +1,83 @@
+"""One run folder, one writer: an OS lock on `<run dir>/.lock` for as long as a training run lives.
+
+Two copies of one command (a double submit, a requeued job whose old copy still runs) would otherwise
+write the same checkpoints at once. The lock is `flock`: the operating system drops it when its process
+ends in any way (SIGKILL included), so a lock left by a dead run is free for the next one, and nothing
+has to guess whether its holder still lives. The file holds who took it, for the refusal's line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+from lightspeed.core.config import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs are not locked there
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def held(run_dir: Path) -> Iterator[None]:
+    """Hold the run folder's lock for the block, or raise ConfigError naming its holder. Only the first
+    process of a run locks: under DDP, Lightning starts the other ranks into the same folder later, and
+    they (and the other nodes' ranks) are the same run."""
+    if fcntl is None or rank_zero_only.rank != 0:
+        yield
+        return
+    handle = acquire(run_dir)
+    try:
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def acquire(run_dir: Path) -> IO[str]:
+    """The open lock file, locked; closing it (or the process ending) releases the lock."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(run_dir / LOCK_FILE, "a+")  # noqa: SIM115 (held open past this function on purpose)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = _describe(handle.read())
+        handle.close()
+        raise ConfigError(
+            f"{run_dir} is in use by another run ({holder}): wait for it to end, stop it, or use "
+            "run_name=<new name> for a run of your own"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                "command": " ".join(sys.argv),
+            }
+        )
+    )
+    handle.flush()
+    return handle
+
+
+def _describe(text: str) -> str:
+    try:
+        info = json.loads(text)
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+    except (ValueError, KeyError, TypeError):
+        return "a process that has not said who it is yet"
