@@ -163,7 +163,7 @@ class Fault(L.Callback):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
         elif self.kind == "raise":
             raise RuntimeError(f"simulated failure on rank {trainer.global_rank}")
-        elif self.kind in ("sigterm", "sigusr1"):
+        elif self.kind in ("sigterm", "sigusr1", "sigint"):
             os.kill(os.getpid(), getattr(signal, self.kind.upper()))
         elif self.kind == "exit":
             os._exit(9)

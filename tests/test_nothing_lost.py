@@ -4,23 +4,34 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
-from conftest import LIMIT, REPO, TINY
+from conftest import LIMIT, REPO, TINY, run_module
+from lightspeed.core.config import ALLOWED_TARGETS_ENV, ConfigError, validate_targets, validate_train
+from lightspeed.eval import run as evaluate
 from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.train import train
 from probes import Fault
 
 FIT = [*TINY, "test_after_fit=false", "model.scheduler.name=none"]
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
 
 
 def _fails(run, capsys) -> tuple[int, str]:
@@ -260,3 +271,160 @@ def test_a_checkpoint_with_a_flipped_bit_is_treated_as_corrupt(train_cfg, run_di
     _flip_a_weight_bit(best)
     code, line = _fails(lambda: train(train_cfg(*FIT, "run_name=again", f"ckpt_path={best}")), capsys)
     assert code == 2 and "no longer match their checksum" in line
+
+
+# 9. Names that would leave their folder
+
+
+@pytest.mark.parametrize("override", ["run_name=..", "task_name=../../../x", "run_name=a/b", "task_name=."])
+def test_names_that_would_leave_their_folder_are_refused_before_any_folder_is_made(
+    tmp_path: Path, override: str
+) -> None:
+    proc = run_module("lightspeed.train", override, f"paths.log_dir={tmp_path / 'logs'}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    key = override.split("=")[0]
+    assert one_line_error(proc).startswith(f"error: {key}=") and "Traceback" not in proc.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+# 10. What a config may instantiate
+
+
+def test_a_target_outside_the_allow_list_is_refused_and_never_called(tmp_path: Path) -> None:
+    evil = ["+callbacks.evil._target_=builtins.open", '+callbacks.evil._args_=["MARKER","w"]']
+    proc = run_module("lightspeed.train", *evil, f"paths.log_dir={tmp_path / 'logs'}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "callbacks.evil._target_=builtins.open is not allowed" in one_line_error(proc)
+    assert not (tmp_path / "MARKER").exists()
+    proc = run_module("lightspeed.train", "+allowed_targets=[builtins]", *evil, cwd=tmp_path)
+    assert proc.returncode == 2 and "only be set in conf/local/default.yaml" in one_line_error(proc)
+
+
+def test_allowed_targets_come_from_the_local_config_only(train_cfg, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv(ALLOWED_TARGETS_ENV)
+    local = tmp_path / "local.yaml"
+    local.write_text("allowed_targets: [mypkg]\n")
+    cfg = train_cfg("+callbacks.mine._target_=mypkg.callbacks.Mine")
+    validate_targets(cfg, local)  # allowed: a name under mypkg
+    cfg.callbacks.mine._target_ = "mypkg2.Mine"
+    with pytest.raises(ConfigError, match=r"^callbacks\.mine\._target_=mypkg2\.Mine is not allowed"):
+        validate_targets(cfg, local)
+    with pytest.raises(ConfigError, match=r"^allowed_targets can only be set in conf/local/default\.yaml"):
+        validate_targets(train_cfg("+allowed_targets=[mypkg2]"), local)  # a shared yaml or the command line
+    assert validate_targets(train_cfg(), tmp_path / "absent.yaml") is None  # the shipped configs pass
+
+
+# 6. A full disk
+
+
+class FillDisk(L.Callback):
+    """At a step, fill the run folder's disk but for a few KiB, as another job writing there would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, idx: int) -> None:
+        if trainer.global_step == self.step:
+            folder = Path(trainer.default_root_dir)
+            free = shutil.disk_usage(folder).free
+            with open(folder / "filler", "wb") as f:
+                f.write(b"\0" * max(free - 16 * 1024, 0))
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path, monkeypatch) -> Iterator[tuple[Path, list[L.Callback]]]:
+    """A 32 MiB tmpfs that a callback fills at step 6, where mounting works; else the real disk (never
+    filled), with the checkpoint writer made to fail after step 5 as torch's does on a full disk."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)], capture_output=True
+    ).returncode:
+        real_save = torch.save
+
+        def full(obj, f, *args, **kwargs):
+            if isinstance(obj, dict) and obj.get("global_step", 0) > 5:
+                raise RuntimeError(
+                    "[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed "
+                    "writing file data/3: file write failed"
+                )
+            return real_save(obj, f, *args, **kwargs)
+
+        monkeypatch.setattr(checkpoint.torch, "save", full)
+        yield disk, []
+        return
+    yield disk, [FillDisk(step=6)]
+    subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_earlier_checkpoints(train_cfg, small_disk, capsys) -> None:
+    disk, filler = small_disk
+    run = disk / "run"
+    code, line = _fails(lambda: train(train_cfg(*FIT, f"paths.output_dir={run}"), filler), capsys)
+    assert code == 3 and "no space left on the disk of" in line and "kept intact: " in line, line
+    folder = run / "checkpoints"
+    assert not list(folder.glob("*.tmp"))
+    for path in folder.glob("*.ckpt"):
+        assert checkpoint.problem(path) is None
+        assert torch.load(path, weights_only=True)["global_step"] == 5
+
+
+# 11. Messages that say what happened
+
+
+def test_random_bytes_are_not_a_checkpoint_file_and_a_folder_is_a_folder(train_cfg, tmp_path: Path) -> None:
+    noise = tmp_path / "noise.ckpt"
+    noise.write_bytes(bytes(range(256)) * 64)
+    assert checkpoint.problem(noise) == "not a checkpoint file"
+    with pytest.raises(ConfigError, match=r"is not a checkpoint file"), checkpoint.loading(noise):
+        torch.load(noise, weights_only=True)
+    with pytest.raises(ConfigError, match=rf"^ckpt_path={tmp_path} is a folder \(it holds noise\.ckpt\)"):
+        validate_train(train_cfg(f"ckpt_path={tmp_path}"))
+
+
+def _eval_fails(eval_cfg, capsys, ckpt: Path, *extra: str) -> str:
+    code, line = _fails(lambda: evaluate(eval_cfg(f"ckpt_path={ckpt}", *extra)), capsys)
+    assert code == 2
+    return line
+
+
+def test_eval_refuses_nan_weights_mismatched_hyperparameters_and_instantiators(
+    train_cfg, eval_cfg, run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    last = Path(train(train_cfg(*FIT)).trainer.checkpoint_callback.last_model_path)
+    ckpt = torch.load(last, weights_only=True)
+    bad = tmp_path / "bad.ckpt"
+
+    nan = {**ckpt, "state_dict": {k: v.clone() for k, v in ckpt["state_dict"].items()}}
+    next(v for v in nan["state_dict"].values() if v.is_floating_point()).fill_(float("nan"))
+    nan["checksum"] = checkpoint.checksum(nan)  # a consistent file: only its weights are bad
+    torch.save(nan, bad)
+    assert "weights are not finite" in _eval_fails(eval_cfg, capsys, bad)
+
+    mlp = {**ckpt, "hyper_parameters": {**ckpt["hyper_parameters"], "net": {"name": "mlp"}}}
+    torch.save(mlp, bad)
+    assert "does not fit the model" in _eval_fails(eval_cfg, capsys, bad)
+
+    code = {**ckpt, "hyper_parameters": {**ckpt["hyper_parameters"], "_instantiator": "os.system"}}
+    torch.save(code, bad)
+    assert "names code to run when it loads" in _eval_fails(eval_cfg, capsys, bad)
+
+
+def test_ctrl_c_says_it_was_interrupted_and_what_a_rerun_continues_from(
+    train_cfg, run_dir: Path, capsys
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        train(train_cfg(*FIT), [Fault("sigint", step=7)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 130 and "Traceback" not in err
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert f"interrupted by SIGINT (Ctrl-C) at step 7: the newest checkpoint is {last} (step 5)" in err
+
+
+def test_a_mid_epoch_resume_with_another_batch_size_says_so(train_cfg, run_dir: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        train(train_cfg(*FIT), [Fault("sigterm", step=2)])  # saved mid-epoch, at step 3
+    last = run_dir / "checkpoints" / "last.ckpt"
+    other = [*FIT, "data.batch_size=32", "run_name=other", f"ckpt_path={last}"]
+    with pytest.warns(UserWarning, match=r"resumed at batch 3 of epoch 0 with data.batch_size=32, but the "):
+        train(train_cfg(*other, f"paths.output_dir={run_dir.parent / 'other'}"))

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from lightspeed.compat import hooks
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, exit_on_config_error, validate_common
+from lightspeed.core.config import ConfigError, check_checkpoint_path, exit_on_config_error, validate_common
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.resilience import checkpoint
@@ -27,8 +27,7 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
     anything else is a path."""
     if ckpt_path != "latest":
         path = Path(ckpt_path)
-        if not path.is_file():
-            raise ConfigError(f"ckpt_path={ckpt_path} does not exist: pass the path of a .ckpt file")
+        check_checkpoint_path(path)
         return path
     runs = sorted((log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}"), key=lambda p: p.stat().st_mtime)
     for found in reversed(runs):  # newest first; runs without a best checkpoint (debug=fdr) are skipped
@@ -62,6 +61,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
         # the model to whatever device this run uses. weights_only: loading never executes code.
         with checkpoint.loading(ckpt):
             model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
+        reason = checkpoint.problem(ckpt)  # it loads: is it sound? (a NaN model scores as if it were)
+        if reason is not None:
+            raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
         hooks.speed_up_module(model)
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)

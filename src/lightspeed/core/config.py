@@ -69,13 +69,23 @@ def _bool_or_auto() -> tuple[Callable[[Any], bool], str]:
 
 _SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
 
+
+def _folder_name() -> tuple[Callable[[Any], bool], str]:
+    """A name that is one folder inside its parent: no separator, not `.` or `..`."""
+    return (
+        lambda v: isinstance(v, str) and re.fullmatch(r"[\w.,=+-]+", v) is not None and v not in (".", ".."),
+        "letters, digits and . , = + - _ but not . or .. alone (it names one folder)",
+    )
+
+
+#: Names that become folders; checked on the command line too, before Hydra makes the run folder.
+FOLDER_KEYS = ("run_name", "task_name")
+
 # key -> (predicate, what is allowed). A key that is absent from the config is not checked.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (_is_int, "an integer"),
-    "run_name": (
-        lambda v: isinstance(v, str) and re.fullmatch(r"[\w.,=+-]+", v) is not None,
-        "letters, digits and . , = + - _ (it names a folder)",
-    ),
+    "run_name": _folder_name(),
+    "task_name": _folder_name(),
     "resume": _one_of("auto", "never"),
     "trainer.precision": _one_of("auto", *PRECISIONS),
     "trainer.accelerator": _one_of(*ACCELERATORS),
@@ -134,9 +144,21 @@ def validate_train(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that cannot work, naming the key and what is allowed."""
     validate_common(cfg)
     ckpt = cfg.get("ckpt_path")
-    if ckpt is not None and not Path(str(ckpt)).is_file():
+    if ckpt is not None:
+        check_checkpoint_path(Path(str(ckpt)), "or ckpt_path=null")
+
+
+def check_checkpoint_path(path: Path, other: str = "") -> None:
+    """A `ckpt_path` that is a file; a folder or a missing path is one line saying which."""
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
+        hint = f" (it holds {', '.join(found)})" if found else ""
         raise ConfigError(
-            f"ckpt_path={ckpt} does not exist: pass the path of a .ckpt file, or ckpt_path=null"
+            f"ckpt_path={path} is a folder{hint}: pass the .ckpt file itself{', ' + other if other else ''}"
+        )
+    if not path.is_file():
+        raise ConfigError(
+            f"ckpt_path={path} does not exist: pass the path of a .ckpt file{', ' + other if other else ''}"
         )
 
 
@@ -147,10 +169,70 @@ def validate_common(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and not ok(value):
             raise ConfigError(f"{key}={value!r} is invalid: use {allowed}")
+    validate_targets(cfg)
     _validate_splits(cfg)
     _validate_strategy(cfg)
     validate_devices(cfg)
     validate_writable(cfg)
+
+
+#: What a config may instantiate. A `_target_` is a call: from a shared yaml file, a checkpoint or a
+#: pasted command line, `builtins.open` or `shutil.copyfile` would run as readily as a callback. Entries
+#: match a name and everything under it. More: `allowed_targets` in conf/local/default.yaml only.
+ALLOWED_TARGETS = (
+    "lightspeed",
+    *(f"lightning.pytorch.{part}" for part in ("Trainer", "callbacks", "loggers", "strategies", "profilers")),
+    *(f"lightning.pytorch.{part}" for part in ("plugins", "accelerators")),
+    "datetime.timedelta",
+)
+LOCAL_CONFIG = CONF_DIR / "local" / "default.yaml"
+#: For test suites and CI: more allowed names, comma-separated (the environment, unlike a config file
+#: or the command line, is not shared with a run's inputs).
+ALLOWED_TARGETS_ENV = "LIGHTSPEED_ALLOWED_TARGETS"
+
+
+def allowed_targets(local: Path = LOCAL_CONFIG) -> tuple[str, ...]:
+    extra = OmegaConf.load(local).get("allowed_targets") if local.is_file() else None
+    env = [name for name in os.environ.get(ALLOWED_TARGETS_ENV, "").split(",") if name]
+    return (*ALLOWED_TARGETS, *(str(name) for name in extra or []), *env)
+
+
+def is_allowed(target: str, allowed: Sequence[str]) -> bool:
+    return any(target == name or target.startswith(name.rstrip(".") + ".") for name in allowed)
+
+
+def validate_targets(cfg: DictConfig, local: Path = LOCAL_CONFIG) -> None:
+    """Refuse, in one line, any `_target_` (or `module`) outside the allow-list, and `allowed_targets`
+    set anywhere but conf/local/default.yaml."""
+    stored = OmegaConf.load(local).get("allowed_targets") if local.is_file() else None
+    if "allowed_targets" in cfg and cfg.allowed_targets != stored:
+        raise ConfigError(
+            "allowed_targets can only be set in conf/local/default.yaml (your machine's file, not the "
+            "command line or a shared config): move it there"
+        )
+    allowed = allowed_targets(local)
+    container = OmegaConf.to_container(cfg, resolve=False)
+    for key, target in [("module", cfg.get("module")), *_targets(container, "")]:
+        if target is not None and not is_allowed(str(target), allowed):
+            name = "module" if key == "module" else f"{key}._target_"
+            raise ConfigError(
+                f"{name}={target} is not allowed: configs may instantiate lightspeed.*, Lightning's Trainer, "
+                "callbacks, loggers, strategies, profilers and plugins, datetime.timedelta, and what "
+                "allowed_targets lists in conf/local/default.yaml: add a name you trust there"
+            )
+
+
+def _targets(node: Any, path: str) -> list[tuple[str, Any]]:
+    found: list[tuple[str, Any]] = []
+    if isinstance(node, dict):
+        if "_target_" in node:
+            found.append((path.rstrip(".") or "<root>", node["_target_"]))
+        for key, value in node.items():
+            found += _targets(value, f"{path}{key}.")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _targets(value, f"{path}{i}.")
+    return found
 
 
 def validate_writable(cfg: DictConfig) -> None:
@@ -209,8 +291,14 @@ def validate_devices(cfg: DictConfig) -> None:
 
 
 def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
-    """Refuse `group=option` overrides whose option has no file, in one line, before Hydra composes
-    (Hydra's own message for this is a dozen lines and exits with 1)."""
+    """Refuse `group=option` overrides whose option has no file, and folder names that would leave their
+    folder, in one line, before Hydra composes and makes the run folder (Hydra's own message for a
+    missing option is a dozen lines and exits with 1)."""
+    ok, allowed = _folder_name()
+    for arg in args:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key in FOLDER_KEYS and "$" not in value and not ok(value):
+            raise ConfigError(f"{key}={value!r} is invalid: use {allowed}")
     for arg in args:
         match = re.fullmatch(r"([A-Za-z_][\w/]*)=([\w.,-]+)", arg)
         if not match or match[1].startswith("hydra") or not (conf_dir / match[1]).is_dir():

@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -39,6 +40,16 @@ class Preempted(BaseException):
     def __init__(self, signum: int, step: int, path: str | None) -> None:
         super().__init__(signum, step, path)
         self.signum, self.step, self.path = signum, step, path
+
+
+def _newest_saved(trainer: L.Trainer) -> str:
+    """What a rerun continues from, in words."""
+    callback = trainer.checkpoint_callback
+    path = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+    if not path or not Path(path).is_file():
+        return "no checkpoint was saved yet (a rerun starts over)"
+    step = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step")
+    return f"the newest checkpoint is {path} (step {step}); rerun the same command to continue from it"
 
 
 def out_of_memory_advice(err: BaseException, cfg: Any) -> str:
@@ -102,6 +113,11 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
                 "rerun the same command to continue (resume=auto)"
             )
         raise SystemExit(128 + stop.signum if agreed is None else agreed) from None
+    except SystemExit as stop:
+        if not trainer.interrupted or stop.code != 1:  # Lightning's exit after a KeyboardInterrupt
+            raise
+        _say(f"interrupted by SIGINT (Ctrl-C) at step {trainer.global_step}: {_newest_saved(trainer)}")
+        raise SystemExit(128 + signal.SIGINT) from None
     except TrainingFailure as err:
         _say(f"error: {err}")
         raise SystemExit(TRAINING_FAILURE_EXIT if agreed is None else agreed) from None

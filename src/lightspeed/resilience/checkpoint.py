@@ -7,10 +7,12 @@ file, not beside it, so that no crash between two writes can make a good checkpo
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pickle
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,9 +50,36 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
+        except (OSError, RuntimeError) as err:
+            if not _out_of_space(err):
+                raise
+            raise TrainingFailure(_no_space(checkpoint, target)) from None
         finally:
             tmp.unlink(missing_ok=True)
         _fsync_dir(target.parent)
+
+
+def _out_of_space(err: BaseException | None) -> bool:
+    """The disk (or quota) is full: an OSError saying so, or torch's writer failing on one (its error
+    then names a short write, with the OSError as its context, or says "file write failed")."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "file write failed" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _no_space(checkpoint: dict[str, Any], target: Path) -> str:
+    need = sum(t.numel() * t.element_size() for _, t in _tensors(checkpoint)) / 2**20
+    free = shutil.disk_usage(target.parent).free / 2**20
+    kept = sorted(p.name for p in target.parent.glob("*.ckpt"))
+    return (
+        f"no space left on the disk of {target.parent} ({free:.0f} MiB free, the checkpoint needs "
+        f"~{need:.0f} MiB): {target.name} was not written; kept intact: {', '.join(kept) or 'nothing yet'}; "
+        "free some space and rerun the same command to continue, or set paths.log_dir to a larger disk"
+    )
 
 
 CHECKSUM_KEY = "checksum"
@@ -88,12 +117,15 @@ def problem(path: Path) -> str | None:
 
 def why(err: BaseException, path: Any) -> str:
     """What a failed `torch.load(..., weights_only=True)` of `path` says about the file, in a few words."""
-    if isinstance(err, pickle.UnpicklingError):
-        return "holds Python objects" if _is_zip(Path(path)) else "not a checkpoint file"
-    if isinstance(err, IsADirectoryError):
+    file = Path(path)
+    if file.is_dir():
         return "a folder, not a file"
-    if isinstance(err, FileNotFoundError):
+    if not file.exists():
         return "does not exist"
+    if file.stat().st_size > 0 and not _is_zip(file):
+        return "not a checkpoint file"  # torch.save writes a zip archive
+    if isinstance(err, pickle.UnpicklingError):
+        return "holds Python objects"
     return f"empty or truncated? {type(err).__name__}"
 
 
@@ -162,12 +194,25 @@ def loading(path: Any) -> Iterator[None]:
             "them could run code): use a checkpoint saved by Lightspeed, or re-save its tensors from a "
             "trusted copy"
         ) from None
+    except ValueError as err:
+        if "to prevent arbitrary code execution" not in str(err):
+            raise
+        raise ConfigError(
+            f"ckpt_path={path} names code to run when it loads (an instantiator or class path in its "
+            "hyperparameters), which was blocked: use a checkpoint saved by Lightspeed"
+        ) from None
     except (EOFError, RuntimeError) as err:
+        if path is None or isinstance(err, TrainingFailure):
+            raise
         if isinstance(err, RuntimeError) and "Error(s) in loading state_dict" in str(err):
             raise ConfigError(
                 f"ckpt_path={path} does not fit the model ({_mismatches(str(err))}): the net's code or "
                 "settings changed since it was saved; use run_name=<new name> to train anew, or the code "
                 "and settings that wrote it"
+            ) from None
+        if why(err, path) == "not a checkpoint file":
+            raise ConfigError(
+                f"ckpt_path={path} is not a checkpoint file: pass a .ckpt saved by Lightning"
             ) from None
         # torch.load's errors for an empty file and for a truncated zip archive
         if isinstance(err, RuntimeError) and "PytorchStreamReader" not in str(err):

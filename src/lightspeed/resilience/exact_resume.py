@@ -6,7 +6,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import Metric
 
 from lightspeed.compat.trainer import batches_done_in_epoch, mark_updated
@@ -56,6 +56,8 @@ class ExactResume(L.Callback):
         self._legacy = "metric_state" not in checkpoint and "train_acc" in checkpoint  # Lightspeed < 12-2026
         self._latest = dict(checkpoint.get("metrics", {}))
         self._schedules = [_length(s) for s in checkpoint.get("lr_schedulers") or []]
+        saved_config = (checkpoint.get("identity") or {}).get("config") or {}
+        self._batch_size = (saved_config.get("data") or {}).get("batch_size")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The schedules are made (configure_optimizers) and not yet restored: compare their lengths."""
@@ -78,6 +80,14 @@ class ExactResume(L.Callback):
                 "loader has no state_dict: the rest of the epoch replays its first batches (a loader with "
                 "state_dict/load_state_dict, e.g. torchdata's StatefulDataLoader, resumes exactly)"
             )
+        now = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
+        if 0 < done < total and None not in (self._batch_size, now) and self._batch_size != now:
+            rank_zero_warn(
+                f"resumed at batch {done} of epoch {trainer.current_epoch} with data.batch_size={now}, but "
+                f"the checkpoint counted batches of {self._batch_size}: the rest of this epoch is not the "
+                "samples the run had left (resume from an epoch-end checkpoint, or keep the batch size)"
+            )
+        self._batch_size = None
         restored, self._pending = self._pending, None
         if self._legacy and 0 < done < total:
             rank_zero_info("the epoch's metrics restart: the checkpoint is from an earlier Lightspeed")
