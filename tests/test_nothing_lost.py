@@ -428,3 +428,38 @@ def test_a_mid_epoch_resume_with_another_batch_size_says_so(train_cfg, run_dir: 
     other = [*FIT, "data.batch_size=32", "run_name=other", f"ckpt_path={last}"]
     with pytest.warns(UserWarning, match=r"resumed at batch 3 of epoch 0 with data.batch_size=32, but the "):
         train(train_cfg(*other, f"paths.output_dir={run_dir.parent / 'other'}"))
+
+
+# 4. Moved run folders
+
+TESTED = [*TINY, "model.scheduler.name=none"]
+
+
+def test_a_finished_run_copied_or_moved_elsewhere_tests_its_own_files(
+    train_cfg, run_dir: Path, tmp_path: Path
+) -> None:
+    train(train_cfg(*TESTED))
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)  # the old folder stays: the copy must not use its files
+    again = train(train_cfg(*TESTED, f"paths.output_dir={copy}"))
+    assert again.best_checkpoint and Path(again.best_checkpoint).parent == copy / "checkpoints"
+    shutil.rmtree(run_dir)
+    moved = tmp_path / "moved"
+    shutil.move(copy, moved)  # and a folder whose old place is gone
+    again = train(train_cfg(*TESTED, f"paths.output_dir={moved}"))
+    assert Path(again.best_checkpoint).parent == moved / "checkpoints" and "test/acc" in again.metrics
+    summary = json.loads((moved / "summary.json").read_text())
+    assert summary["best_checkpoint"].startswith(str(moved))
+
+
+def test_a_run_moved_mid_training_resumes_into_its_own_last_ckpt(
+    train_cfg, run_dir: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit):
+        train(train_cfg(*TESTED), [Fault("sigterm", step=6)])
+    moved = tmp_path / "moved"
+    shutil.move(run_dir, moved)
+    again = train(train_cfg(*TESTED, f"paths.output_dir={moved}"))
+    assert again.trainer.global_step == 10
+    assert not list((moved / "checkpoints").glob("*-v*.ckpt"))
+    assert torch.load(moved / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10

@@ -3,6 +3,7 @@ optionally write predictions (computed under inference mode, without autograd)."
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 from pathlib import Path
@@ -31,9 +32,16 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
         return path
     runs = sorted((log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}"), key=lambda p: p.stat().st_mtime)
     for found in reversed(runs):  # newest first; runs without a best checkpoint (debug=fdr) are skipped
-        best = json.loads(found.read_text()).get("best_checkpoint")
-        if best and Path(best).is_file():
-            return Path(best)
+        record = json.loads(found.read_text())
+        best = record.get("best_checkpoint")
+        if not best:
+            continue
+        path = Path(best)
+        if not path.is_file() and record.get("run_dir"):  # the run's folder was moved: the file in it
+            with contextlib.suppress(ValueError):
+                path = found.parent / path.relative_to(record["run_dir"])
+        if path.is_file():
+            return path
     raise ConfigError(
         f"ckpt_path=latest found no training run with a best checkpoint under {log_dir / 'train'}: "
         "run `make train` first, or pass ckpt_path=path/to/file.ckpt"

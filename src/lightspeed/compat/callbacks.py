@@ -8,6 +8,7 @@ checkpoints they write are unchanged.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -82,6 +83,13 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
         if trainer.global_step > 0:
             self._last_global_step_saved = trainer.global_step
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A run's files are its own wherever its folder now is: a checkpoint saved before the folder was
+        moved or copied names the files of the folder it is loaded in. Lightning would keep the old
+        absolute paths: test the old folder's best checkpoint (or fail on it, gone), and write last-v1.ckpt
+        beside last.ckpt."""
+        super().load_state_dict(_moved(state_dict, self.dirpath))
+
     def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:
         """Lightning warns when the folder holds checkpoints; a run's own folder does whenever it resumes
         (`resume=never` refuses to start over one, see lightspeed.resilience.resume)."""
@@ -94,6 +102,29 @@ class EarlyStopping(_StateKeyOnce, _EarlyStopping):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.stopped_epoch > 0:
             trainer.should_stop = True
+
+
+def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
+    """`state` with every path under its saved `dirpath` moved under `dirpath`."""
+    old = state.get("dirpath")
+    if not old or not dirpath or Path(old) == Path(dirpath):
+        return state
+
+    def here(path: Any) -> Any:
+        if not isinstance(path, str) or not path:
+            return path
+        try:
+            return str(Path(dirpath) / Path(path).relative_to(old))
+        except ValueError:  # not a file of the run's folder: left as it was
+            return path
+
+    state = dict(state, dirpath=dirpath)
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = here(state[key])
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {here(k): v for k, v in state["best_k_models"].items()}
+    return state
 
 
 def validation_follows(trainer: L.Trainer) -> bool:
