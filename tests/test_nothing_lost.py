@@ -18,14 +18,24 @@ import pytest
 import torch
 
 from conftest import LIMIT, REPO, TINY, run_module
-from lightspeed.core.config import ALLOWED_TARGETS_ENV, ConfigError, validate_targets, validate_train
+from lightspeed import CONF_DIR
+from lightspeed.core.config import (
+    ALLOWED_TARGETS_ENV,
+    ConfigError,
+    check_group_choices,
+    exit_on_config_error,
+    validate_targets,
+    validate_train,
+)
 from lightspeed.eval import run as evaluate
 from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
+from lightspeed.run.entry import check_composes
 from lightspeed.train import train
 from probes import Fault
 
 FIT = [*TINY, "test_after_fit=false", "model.scheduler.name=none"]
+QUIET = [o for o in TINY if o.startswith(("callbacks.", "+trainer."))]
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -276,15 +286,14 @@ def test_a_checkpoint_with_a_flipped_bit_is_treated_as_corrupt(train_cfg, run_di
 # 9. Names that would leave their folder
 
 
-@pytest.mark.parametrize("override", ["run_name=..", "task_name=../../../x", "run_name=a/b", "task_name=."])
-def test_names_that_would_leave_their_folder_are_refused_before_any_folder_is_made(
-    tmp_path: Path, override: str
-) -> None:
-    proc = run_module("lightspeed.train", override, f"paths.log_dir={tmp_path / 'logs'}", cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    key = override.split("=")[0]
-    assert one_line_error(proc).startswith(f"error: {key}=") and "Traceback" not in proc.stderr
+def test_names_that_would_leave_their_folder_are_refused_before_any_folder_is_made(tmp_path: Path) -> None:
+    proc = run_module("lightspeed.train", "run_name=..", f"paths.log_dir={tmp_path / 'logs'}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert one_line_error(proc).startswith("error: run_name='..' is invalid")
     assert not (tmp_path / "logs").exists()
+    for override in ["task_name=../../../x", "run_name=a/b", "task_name=.", "+run_name=.."]:
+        with pytest.raises(ConfigError, match=rf"^{override.lstrip('+').split('=')[0]}=.* is invalid"):
+            check_group_choices([override])  # what the command line runs before Hydra makes any folder
 
 
 # 10. What a config may instantiate
@@ -296,8 +305,6 @@ def test_a_target_outside_the_allow_list_is_refused_and_never_called(tmp_path: P
     assert proc.returncode == 2
     assert "callbacks.evil._target_=builtins.open is not allowed" in one_line_error(proc)
     assert not (tmp_path / "MARKER").exists()
-    proc = run_module("lightspeed.train", "+allowed_targets=[builtins]", *evil, cwd=tmp_path)
-    assert proc.returncode == 2 and "only be set in conf/local/default.yaml" in one_line_error(proc)
 
 
 def test_allowed_targets_come_from_the_local_config_only(train_cfg, tmp_path: Path, monkeypatch) -> None:
@@ -463,3 +470,85 @@ def test_a_run_moved_mid_training_resumes_into_its_own_last_ckpt(
     assert again.trainer.global_step == 10
     assert not list((moved / "checkpoints").glob("*-v*.ckpt"))
     assert torch.load(moved / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+
+
+# 8. Every bad input in one line, before any work
+
+BAD_INPUTS = [
+    # (overrides, the start of the one line)
+    (["trainer.max_epoch=3"], "trainer.max_epoch is not a setting: did you mean trainer.max_epochs?"),
+    (["trainer.devices=abc"], "trainer.devices='abc' is invalid"),
+    (["trainer.devices=1.5"], "trainer.devices=1.5 is invalid"),
+    (["model.net.dropout=1.5"], "model.net.dropout=1.5 is invalid"),
+    (["foo=bar"], "foo is not a setting (the top level has"),
+    (["trainer.max_steps=-5"], "trainer.max_steps=-5 is invalid"),
+    (["callbacks.model_checkpoint.save_top_k=-2"], "callbacks.model_checkpoint.save_top_k=-2 is invalid"),
+    (["callbacks.early_stopping.mode=minimum"], "callbacks.early_stopping.mode='minimum' is invalid"),
+    (["trainer.max_epochs=٣"], "trainer.max_epochs=٣ cannot be read"),
+    (["data.batch_size=６４"], "data.batch_size=６４ cannot be read"),
+    (
+        ["model.optimizer.momentum=0.9"],
+        "model.optimizer.momentum is not a setting (model.optimizer has lr, name",
+    ),
+    (["+trainer.val_check_interval=0"], "trainer.val_check_interval=0 is invalid"),
+    (["model.optimizer.weight_decay=-1"], "model.optimizer.weight_decay=-1 is invalid"),
+    (["model.scheduler.pct_start=2"], "model.scheduler.pct_start=2 is invalid"),
+    (["model.net.channels=[0]"], "model.net.channels=[0] is invalid"),
+    (["seed=-1"], "seed=-1 is invalid"),
+    (["seed=99999999999999999999"], "seed=99999999999999999999 is invalid"),
+    (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid"),
+    (
+        ["callbacks.model_checkpoint.monitor=val/los"],
+        "callbacks.model_checkpoint.monitor=val/los is not a metric",
+    ),
+    (["data.split_seed=abc"], "data.split_seed='abc' is invalid"),
+    (["data.batch_size=100000"], "data.batch_size=100000 is larger than the 1258 training samples"),
+    (["model.net.channels=[]"], "model.net.channels=[] is invalid"),
+    (["+foo=bar"], "foo is not a setting (the top level has"),
+    (["run_name=.."], "run_name='..' is invalid"),
+    (["trainer.min_epochs=-1"], "trainer.min_epochs=-1 is invalid"),
+    (["trainer.num_sanity_val_steps=-5"], "trainer.num_sanity_val_steps=-5 is invalid"),
+    (["callbacks.early_stopping.patience=-1"], "callbacks.early_stopping.patience=-1 is invalid"),
+    (
+        ["trainer.max_epochs=2", "trainer.min_epochs=5"],
+        "trainer.min_epochs=5 is more than trainer.max_epochs=2",
+    ),
+    (["data.normalize=maybe"], "data.normalize='maybe' is invalid"),
+    (["model.optimizer.lr=inf"], "model.optimizer.lr=inf is invalid"),
+    (["experiment=bad_global_key"], "max_steps is not a setting"),
+    (
+        ["callbacks.early_stopping.monitor=val/accuracy"],
+        "callbacks.early_stopping.monitor=val/accuracy is not a",
+    ),
+]
+
+
+@pytest.fixture
+def bad_experiment() -> Iterator[None]:
+    """An experiment file with a key in the wrong place, as `+max_steps:` in its global package."""
+    path = CONF_DIR / "experiment" / "bad_global_key.yaml"
+    path.write_text("# @package _global_\nmax_steps: 100\n")
+    yield
+    path.unlink()
+
+
+@pytest.mark.parametrize(("overrides", "line"), BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
+def test_a_bad_input_is_one_line_and_exit_2_before_any_training(
+    train_cfg, run_dir: Path, capsys, bad_experiment, overrides: list[str], line: str
+) -> None:
+    """As `python -m lightspeed.train <overrides>` runs them, in process: the checks before Hydra's run,
+    then the task. (tests/test_cli.py runs the command line itself.)"""
+
+    def run() -> None:
+        with exit_on_config_error():
+            check_group_choices(overrides)
+            check_composes("train", overrides)
+        train(
+            train_cfg(
+                *overrides, "trainer.max_epochs=1" if "epochs" not in str(overrides) else "seed=1", *QUIET
+            )
+        )
+
+    code, error = _fails(run, capsys)
+    assert code == 2 and error.startswith(f"error: {line}"), error
+    assert not (run_dir / "checkpoints").exists()

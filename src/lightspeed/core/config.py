@@ -6,6 +6,8 @@ module checks the values that Hydra cannot know about (types, ranges, what this 
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
 import re
 import sys
@@ -14,7 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
+from lightning.pytorch.callbacks import Checkpoint, EarlyStopping
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR
@@ -55,6 +59,17 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _is_finite(v: Any) -> bool:
+    return _is_number(v) and math.isfinite(v)
+
+
+def _device_list(v: Any) -> bool:
+    """`[0, 1]`, or Lightning's string form `"0,1"`."""
+    if isinstance(v, str):
+        return re.fullmatch(r"\d+(,\d+)*,?", v) is not None
+    return isinstance(v, Sequence) and len(v) > 0 and all(_is_int(i) and i >= 0 for i in v)
+
+
 def _one_of(*allowed: str) -> tuple[Callable[[Any], bool], str]:
     return (lambda v: isinstance(v, str) and v in allowed, "one of " + ", ".join(allowed))
 
@@ -83,7 +98,39 @@ FOLDER_KEYS = ("run_name", "task_name")
 
 # key -> (predicate, what is allowed). A key that is absent from the config is not checked.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "seed": (_is_int, "an integer"),
+    "seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+    "data.split_seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+    "data.normalize": (lambda v: isinstance(v, bool), "true or false"),
+    "model.optimizer.weight_decay": (lambda v: _is_finite(v) and v >= 0, "a number >= 0"),
+    "model.optimizer.momentum": (lambda v: _is_finite(v) and 0 <= v < 1, "a number from 0 to below 1"),
+    "model.scheduler.pct_start": (lambda v: _is_finite(v) and 0 < v < 1, "a number between 0 and 1"),
+    "model.net.dropout": (lambda v: _is_finite(v) and 0 <= v < 1, "a number from 0 to below 1"),
+    "model.net.channels": (
+        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(_is_int(c) and c >= 1 for c in v),
+        "a non-empty list of integers >= 1, e.g. [32, 64]",
+    ),
+    "model.net.hidden": (
+        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(_is_int(c) and c >= 1 for c in v),
+        "a non-empty list of integers >= 1, e.g. [256, 128]",
+    ),
+    "trainer.min_epochs": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0 or null"),
+    "trainer.num_sanity_val_steps": _int_at_least(-1, " (-1: the whole validation set)"),
+    "trainer.check_val_every_n_epoch": (
+        lambda v: v is None or (_is_int(v) and v >= 1),
+        "an integer >= 1 or null",
+    ),
+    "trainer.val_check_interval": (
+        lambda v: v is None or (_is_int(v) and v >= 1) or (_is_finite(v) and 0 < v <= 1),
+        "a fraction of an epoch in (0, 1], a number of batches >= 1, or null",
+    ),
+    "trainer.devices": (
+        lambda v: v in ("auto", -1) or (_is_int(v) and v >= 1) or _device_list(v),
+        "a count >= 1, -1 for all, auto, or a list of device indices like [0, 1]",
+    ),
+    "callbacks.model_checkpoint.save_top_k": _int_at_least(-1, " (-1: keep every checkpoint)"),
+    "callbacks.model_checkpoint.mode": _one_of("min", "max"),
+    "callbacks.early_stopping.mode": _one_of("min", "max"),
+    "callbacks.early_stopping.patience": _int_at_least(0),
     "run_name": _folder_name(),
     "task_name": _folder_name(),
     "resume": _one_of("auto", "never"),
@@ -114,7 +161,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.test_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
     "data.augment.crop_padding": _int_at_least(0),
     "data.augment.flip": (lambda v: isinstance(v, bool), "true or false"),
-    "model.optimizer.lr": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "model.optimizer.lr": (lambda v: _is_finite(v) and v > 0, "a finite number > 0"),
     "accel.matmul_precision": _one_of("highest", "high", "medium"),
     "accel.channels_last": _bool_or_auto(),
     "accel.compile": (lambda v: isinstance(v, bool), "true or false"),
@@ -143,6 +190,12 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 def validate_train(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that cannot work, naming the key and what is allowed."""
     validate_common(cfg)
+    low, high = _get(cfg, "trainer.min_epochs"), _get(cfg, "trainer.max_epochs")
+    if _is_int(low) and _is_int(high) and high != -1 and low > high:
+        raise ConfigError(
+            f"trainer.min_epochs={low} is more than trainer.max_epochs={high}: lower trainer.min_epochs "
+            "(the epochs early stopping waits for) or raise trainer.max_epochs"
+        )
     ckpt = cfg.get("ckpt_path")
     if ckpt is not None:
         check_checkpoint_path(Path(str(ckpt)), "or ckpt_path=null")
@@ -290,6 +343,39 @@ def validate_devices(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.devices={devices} is invalid: use a count >= 1, -1 for all, or auto")
 
 
+def flat_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a config container, parents included."""
+    keys: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            keys.append(f"{prefix}{key}")
+            keys += flat_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
+    """One line for a key that is not in the config, naming the closest of its siblings."""
+    parent, _, leaf = key.rpartition(".")
+    siblings = sorted({k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent} - {"defaults"})
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.7)
+    where = f"{parent}." if parent else ""
+    if close:
+        return f"{key} is not a setting: did you mean {where}{close[0]}? {fix}"
+    return f"{key} is not a setting ({parent or 'the top level'} has {', '.join(siblings)}): {fix}"
+
+
+def check_known_keys(cfg: DictConfig, config_name: str) -> None:
+    """A key added at the top level (`+foo=bar`, or `max_steps:` in an experiment file's global package)
+    that nothing reads is a mistake: refuse it, naming the closest setting."""
+    known = set(OmegaConf.load(CONF_DIR / f"{config_name}.yaml").keys()) | {
+        p.name for p in CONF_DIR.iterdir() if p.is_dir()
+    }
+    known = (known | {"allowed_targets"}) - {"defaults", "hydra"}
+    for key in cfg:
+        if key not in known:
+            raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
+
+
 def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     """Refuse `group=option` overrides whose option has no file, and folder names that would leave their
     folder, in one line, before Hydra composes and makes the run folder (Hydra's own message for a
@@ -310,3 +396,34 @@ def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
                 raise ConfigError(
                     f"{group}={option} is not an option: use one of {', '.join(choices)} (conf/{group}/)"
                 )
+
+
+class MonitorCheck(L.Callback):
+    """Refuses, in one line, a checkpoint or early-stopping `monitor` that names no metric the model
+    logs: right after the sanity check (before any training), else at the first validation. Lightning
+    would say so only at its first save, an epoch in, with a traceback."""
+
+    _KEYS = (
+        (EarlyStopping, "callbacks.early_stopping.monitor"),
+        (Checkpoint, "callbacks.model_checkpoint.monitor"),
+    )
+
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._check(trainer)
+
+    def _check(self, trainer: L.Trainer) -> None:
+        logged = sorted(trainer.callback_metrics)
+        for callback in trainer.callbacks:
+            key = next((k for kind, k in self._KEYS if isinstance(callback, kind)), None)
+            monitor = getattr(callback, "monitor", None)
+            if key is None or not monitor or monitor in logged or monitor.startswith("train"):
+                continue
+            close = difflib.get_close_matches(monitor, logged, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(
+                f"{key}={monitor} is not a metric the model logs: {hint}(it logs {', '.join(logged)})"
+            )

@@ -61,7 +61,9 @@ NOT_IDENTITY = (
 #: at that value a key is left out of the identity, so that upgrading continues the runs made before it.
 #: Add every new key that changes what a run computes here (tests/test_resume.py pins the default
 #: run's hash to catch a key that was not).
-ADDED_KEYS: dict[str, Any] = {}
+ADDED_KEYS: dict[str, Any] = {
+    "trainer.max_steps": -1,  # 2026-12: Lightning's default, now a setting of conf/trainer/default.yaml
+}
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import get_object
 from hydra.utils import instantiate as _instantiate
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, LearningRateMonitor
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.compat import hooks
 from lightspeed.compat.callbacks import ModelCheckpoint
-from lightspeed.core.config import ConfigError
+from lightspeed.core.config import ConfigError, MonitorCheck
 from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.exact_resume import ExactResume
@@ -28,17 +29,20 @@ from lightspeed.resilience.rank_seed import RankSeed
 from lightspeed.speed.accel import LOADER_KNOBS
 
 
-def instantiate(node: Any, **kwargs: Any) -> Any:
-    """Hydra's instantiate, letting a ConfigError raised inside a constructor through as itself (Hydra
-    wraps it in a multi-line InstantiationException)."""
+def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
+    """Hydra's instantiate, with a constructor's refusal in one line naming the config node `where`
+    (Hydra wraps it in a multi-line InstantiationException); a ConfigError passes through as itself."""
     try:
         return _instantiate(node, **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
-        while cause is not None and not isinstance(cause, ConfigError):
+        while cause is not None and not isinstance(cause, ConfigError) and cause.__cause__ is not None:
             cause = cause.__cause__
-        if cause is not None:
+        if isinstance(cause, ConfigError):
             raise cause from None
+        if isinstance(cause, (ValueError, TypeError, MisconfigurationException)):
+            first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+            raise ConfigError(f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)") from None
         raise
 
 
@@ -61,7 +65,7 @@ def datamodule(cfg: DictConfig) -> L.LightningDataModule:
             # resolved first: the rest may point elsewhere in the config (${paths.data_dir})
             kept = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in left}
             node = OmegaConf.create(kept)
-    return instantiate(node, _convert_="all")
+    return instantiate(node, "data", _convert_="all")
 
 
 def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
@@ -73,23 +77,25 @@ def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
             "set them as attributes of your DataModule (e.g. num_classes = 10, input_shape = (1, 28, 28))"
         )
     module = instantiate(
-        cfg.model, num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
+        cfg.model, "model", num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
     )
     hooks.speed_up_module(module)
     return module
 
 
-def _group(cfg: DictConfig | None) -> list[Any]:
+def _group(cfg: DictConfig | None, group: str) -> list[Any]:
     """Instantiate each `_target_` entry of a callbacks/logger group; `null` entries are switched off."""
     if not cfg:
         return []
     return [
-        instantiate(node, _convert_="all") for node in cfg.values() if node is not None and "_target_" in node
+        instantiate(node, f"{group}.{name}", _convert_="all")
+        for name, node in cfg.items()
+        if node is not None and "_target_" in node
     ]
 
 
 def loggers(cfg: DictConfig) -> list[Logger]:
-    return _group(cfg.get("logger"))
+    return _group(cfg.get("logger"), "logger")
 
 
 def callbacks(cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = None) -> list[Callback]:
@@ -97,7 +103,7 @@ def callbacks(cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = 
     checkpoints where `resume=auto` looks (unless `trainer.enable_checkpointing=false`), preemption, the
     non-finite guard, per-rank seeds, exact resume and the run's identity in each checkpoint (`ident`, taken
     from the config as composed, before `accel` resolved it)."""
-    found: list[Callback] = _group(cfg.get("callbacks"))
+    found: list[Callback] = _group(cfg.get("callbacks"), "callbacks")
     if "seed" not in cfg:  # eval
         return found
     saves = cfg.trainer.get("enable_checkpointing", True) is not False and not cfg.trainer.get("fast_dev_run")
@@ -115,7 +121,8 @@ def callbacks(cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = 
     if cfg.trainer.get("limit_val_batches") == 0 and any(isinstance(cb, EarlyStopping) for cb in found):
         rank_zero_info("trainer.limit_val_batches=0: no validation, so EarlyStopping is left out")
         found = [cb for cb in found if not isinstance(cb, EarlyStopping)]
-    return [*found, RankSeed(cfg.seed), ExactResume(), RunIdentity(ident or identity.of(cfg))]
+    extra = [RankSeed(cfg.seed), ExactResume(), RunIdentity(ident or identity.of(cfg))]
+    return [MonitorCheck(), *found, *extra]  # first: its checks run before the callbacks it checks
 
 
 def trainer(
@@ -128,6 +135,7 @@ def trainer(
     callbacks_ = [*configured, *extra_callbacks]
     return instantiate(
         cfg.trainer,
+        "trainer",
         callbacks=callbacks_,
         logger=loggers_ or False,
         # checkpoints are written whole or not at all; the user's own plugins stay

@@ -3,6 +3,7 @@ compose the config, route logs to the run directory."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +13,19 @@ import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from lightspeed import CONF_DIR
-from lightspeed.core.config import check_group_choices, exit_on_config_error
+from lightspeed.core.config import (
+    ConfigError,
+    check_group_choices,
+    check_known_keys,
+    exit_on_config_error,
+    flat_keys,
+    unknown_key,
+)
 from lightspeed.core.logs import route_to_run_log
 from lightspeed.resilience.identity import register_resolver
 
@@ -33,9 +43,53 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
     def main() -> None:
         with exit_on_config_error():
             check_group_choices(sys.argv[1:])
+            check_composes(config_name, sys.argv[1:])
         _run()
 
     return main
+
+
+def check_composes(config_name: str, args: list[str]) -> None:
+    """Compose the config as Hydra will, and turn what Hydra would print as a dozen lines (a mistyped
+    key, an override it cannot parse) into one ConfigError line. Command lines with Hydra's own flags
+    (`-m`, `--cfg`, ...) are left to Hydra."""
+    if any(arg.startswith("-") for arg in args):
+        return
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name, overrides=args, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(composition_error(err, args, config_name)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    with open_dict(cfg):
+        del cfg.hydra
+    check_known_keys(cfg, config_name)
+
+
+def composition_error(err: Exception, args: list[str], config_name: str) -> str:
+    """Hydra's composition error in one line: a key that is not in the config names the closest one."""
+    text = str(err)
+    missing = re.search(r"Could not override '([^']+)'", text)
+    if missing:
+        key = missing[1]
+        value = next((a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == key), "...")
+        return unknown_key(key, _config_keys(config_name), f"to add a key of your own: +{key}={value}")
+    if "LexerNoViableAlt" in type(err).__name__ or "LexerNoViableAlt" in text or "mismatched input" in text:
+        bad = next((a for a in args if a in text), text.splitlines()[-1] if text else "")
+        return f"{bad} cannot be read: use plain ASCII digits and key=value (quote values with spaces)"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+    return f"the command line does not compose: {first}"
+
+
+def _config_keys(config_name: str) -> list[str]:
+    """Every key of the default composition, dotted: the candidates for a mistyped one."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name)
+    GlobalHydra.instance().clear()
+    return flat_keys(OmegaConf.to_container(cfg, resolve=False))
 
 
 def compose_config(config_name: str, overrides: list[str], log_dir: Path) -> DictConfig:
