@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_module
+from conftest import LIMIT, REPO, run_module
 
 QUIET = [
     "trainer.num_sanity_val_steps=0",
@@ -61,7 +61,7 @@ def test_ddp_cpu_trains_two_ranks_into_one_run_dir(tmp_path: Path) -> None:
     proc = run_module(
         "lightspeed.train",
         "trainer=ddp_cpu",
-        "debug=limit",
+        *LIMIT,
         *QUIET,
         f"hydra.run.dir={run}",
         "+callbacks.probe._target_=probes.RankProbe",

@@ -125,6 +125,23 @@ def test_a_net_whose_shapes_changed_ends_in_one_line_naming_the_tensors(
     assert code == 2 and "does not fit the model" in line and "saved" in line and "net." in line, line
 
 
+def test_rerunning_after_a_code_edit_that_changes_shapes_is_one_line(
+    train_cfg, run_dir: Path, capsys, monkeypatch
+) -> None:
+    """The same command, after the net's code changed its layer widths (the config did not change)."""
+    from lightspeed.models.nets.mlp import MLP
+
+    train(train_cfg(*FIT, "model=mlp"))
+    edited = MLP.__init__
+
+    def wider(self, input_shape, num_classes, hidden=(256, 256), dropout=0.0) -> None:
+        edited(self, input_shape, num_classes, [2 * h for h in hidden], dropout)
+
+    monkeypatch.setattr(MLP, "__init__", wider)
+    code, line = _fails(lambda: train(train_cfg(*FIT, "model=mlp")), capsys)
+    assert code == 2 and "does not fit the model" in line and "saved" in line and "now" in line, line
+
+
 def test_debug_runs_write_no_checkpoint_and_resume_none(train_cfg, run_dir: Path) -> None:
     quiet = [o for o in TINY if o not in LIMIT]
     for _ in range(2):  # the second identical run trains again, from scratch
