@@ -22,6 +22,20 @@ _reverse = $(if $(1),$(call _reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstwo
 _cli := $(filter-out PYTHON=% VENV=% TORCH=% ARGS=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
+# Hydra's -m (--multirun) must come before the overrides: it is moved there from ARGS.
+MULTIRUN := $(filter -m --multirun,$(ARGS))
+REST := $(filter-out -m --multirun,$(ARGS))
+
+# make exits 2 whenever a recipe fails: say the program's own exit code and what it means first.
+# (Schedulers should call `python -m lightspeed.train` directly, to see its code.)
+explain = code=$$?; case $$code in \
+  2) why="a bad setting: the error line above names it and the fix";; \
+  3) why="a training failure, explained above";; \
+  130) why="interrupted (Ctrl-C)";; \
+  138|143) why="preempted: a checkpoint was saved, rerun the same command to continue";; \
+  *) why="an unexpected error, see above";; \
+  esac; echo "make: $(1) exited with $$code: $$why" >&2; exit $$code
+
 .DEFAULT_GOAL := help
 .PHONY: help install train eval doctor bench test test-full bench-data chaos gpu-check lint format clean
 
@@ -38,10 +52,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## make .venv: torch (TORCH=...), then this package editable with its dev extra
 
 train: $(STAMP)  ## train (default: CNN on digits); KEY=VALUE overrides, ARGS="..." for the rest
-	$(PY) -m lightspeed.train $(OVERRIDES) $(ARGS)
+	$(PY) -m lightspeed.train $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) || { $(call explain,python -m lightspeed.train); }
 
 eval: $(STAMP)  ## test the newest run's best checkpoint (ckpt_path=... for another, predict=true)
-	$(PY) -m lightspeed.eval $(OVERRIDES) $(ARGS)
+	$(PY) -m lightspeed.eval $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) || { $(call explain,python -m lightspeed.eval); }
 
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
 	$(PY) -m lightspeed.doctor $(ARGS)

@@ -99,6 +99,12 @@ def test_multirun_sweeps_two_jobs(tmp_path: Path) -> None:
     assert [json.loads(p.read_text())["config"]["model"]["net"]["name"] for p in jobs] == ["cnn", "mlp"]
     for job in jobs:  # Lightning's messages reach each job's log file, not only the console
         assert "Running in `fast_dev_run` mode" in (job.parent / "train.log").read_text()
+    # the sweep ends with a table of its jobs, printed and written
+    assert "Lightspeed: sweep of 2 runs" in proc.stdout
+    (table,) = tmp_path.glob("train/sweeps/*.md")
+    rows = table.read_text().splitlines()[4:]
+    assert len(rows) == 2 and all(" done " in r for r in rows), rows
+    assert sorted(r.split(" | ")[0] for r in rows) == ["| model=cnn", "| model=mlp"]  # what varies
 
 
 def test_multirun_with_in_process_ddp_is_refused_up_front(tmp_path: Path) -> None:
@@ -144,11 +150,26 @@ def test_make_passes_overrides_through_in_order() -> None:
     )
     assert re.search(
         r"-m lightspeed\.train 'trainer\.max_epochs=3' 'data\.batch_size=128' 'model=mlp' "
-        r"\+trainer\.fast_dev_run=true ~logger$",
+        r"\+trainer\.fast_dev_run=true ~logger \|\|",
         line,
     ), line
 
 
 def test_make_keeps_values_with_spaces_and_drops_its_own_settings() -> None:
     line = make_dry_run("eval", "ckpt_path=/tmp/a b.ckpt", "TORCH=torch==2.13.0", "predict=true")
-    assert line.endswith("-m lightspeed.eval 'ckpt_path=/tmp/a b.ckpt' 'predict=true'"), line
+    assert "-m lightspeed.eval 'ckpt_path=/tmp/a b.ckpt' 'predict=true' ||" in line, line
+
+
+def test_make_puts_multirun_before_the_overrides() -> None:
+    line = make_dry_run("train", "experiment=digits_mlp", "ARGS=-m model.optimizer.lr=0.003,0.01")
+    assert re.search(
+        r"-m lightspeed\.train -m 'experiment=digits_mlp' model\.optimizer\.lr=0\.003,0\.01 \|\|", line
+    ), line
+
+
+def test_make_names_the_programs_exit_code_and_its_meaning() -> None:
+    proc = subprocess.run(["make", "train", "foo=bar"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2  # make's own, whatever the program's
+    explained = [line for line in proc.stderr.splitlines() if line.startswith("make: python")]
+    meaning = "a bad setting: the error line above names it and the fix"
+    assert explained == [f"make: python -m lightspeed.train exited with 2: {meaning}"], proc.stderr

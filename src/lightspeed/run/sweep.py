@@ -1,0 +1,72 @@
+"""The table a sweep (`-m`) ends with: one row per job, its overrides, its score and test figures, also
+written as Markdown under `<log dir>/<task>/sweeps/`. Hydra calls this callback (conf/hydra/default.yaml)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from lightspeed.core.summary import SUMMARY_FILE
+
+
+class SweepTable(Callback):
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        run_dir = Path(str(config.paths.output_dir))
+        metrics = {}
+        if (run_dir / SUMMARY_FILE).is_file():
+            metrics = json.loads((run_dir / SUMMARY_FILE).read_text()).get("metrics", {})
+        failed = job_return.status != JobStatus.COMPLETED
+        self.rows.append(
+            {
+                "overrides": list(job_return.overrides or []),
+                "run": run_dir.name,
+                "status": "failed" if failed else "done",
+                "score": None if failed else job_return.return_value,
+                **{k: metrics.get(k) for k in ("val/loss", "val/acc", "test/loss", "test/acc")},
+            }
+        )
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if not self.rows:
+            return
+        metric = str(config.get("optimized_metric") or "score")
+        shared = [o for o in self.rows[0]["overrides"] if all(o in row["overrides"] for row in self.rows)]
+        for row in self.rows:  # each row shows what it varies; the title what all share
+            row["overrides"] = " ".join(o for o in row["overrides"] if o not in shared) or "-"
+        columns = ["overrides", "run", "status", "score", "val/loss", "val/acc", "test/loss", "test/acc"]
+        names = [f"{metric} (best ckpt)" if c == "score" else c for c in columns]
+        cells = [[_cell(row[c]) for c in columns] for row in self.rows]
+        title = f"Lightspeed: sweep of {len(self.rows)} runs" + (
+            f", all with {' '.join(shared)}" if shared else ""
+        )
+        table = Table(title=title, title_justify="left")
+        for name in names:
+            table.add_column(name)
+        for row in cells:
+            table.add_row(*row)
+        console = Console()
+        (console if console.is_terminal else Console(width=160)).print(table)  # a log file: no wrapping
+        folder = Path(str(config.paths.log_dir)) / str(config.task_name) / "sweeps"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}.md"
+        lines = [f"{title}\n", "| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
+        lines += ["| " + " | ".join(row) + " |" for row in cells]
+        path.write_text("\n".join(lines) + "\n")
+        print(f"sweep table: {path}")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
