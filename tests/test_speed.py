@@ -12,7 +12,7 @@ import torch
 
 from conftest import LIMIT, TINY
 from lightspeed.core.device import gpu_model, math_mode, peak_flops
-from lightspeed.speed.report import SPEED_FILE
+from lightspeed.speed.report import SPEED_FILE, SpeedReport
 from lightspeed.train import train
 
 KEYS = {
@@ -88,7 +88,33 @@ def test_data_wait_diagnosis_stays_quiet_on_fast_data(train_cfg, run_dir: Path, 
             )
         )
     assert speed_of(run_dir)["data_wait_share"] < 0.2
-    assert not [rec for rec in caplog.records if rec.getMessage().startswith("speed:")]
+    assert not [rec for rec in caplog.records if rec.getMessage().startswith("speed: data loading")]
+
+
+def _report(**changes) -> dict:
+    r = {
+        "data_wait_share": 0.5, "recompiles": 0, "step_ms_mean": 10.0, "step_ms_median": 10.0,
+        "step_ms_p95": 12.0, "mfu": None, "threads_per_process": 2, "usable_cpus": 2, "devices": 1,
+    }  # fmt: skip
+    return {**r, **changes}
+
+
+def test_the_data_wait_remedies_fit_the_device() -> None:
+    report = SpeedReport()
+    (cpu,) = report._diagnose(_report(), "cpu")
+    assert "data.num_workers=auto" in cpu and "data.pin_memory=true" not in cpu
+    (gpu, *_) = report._diagnose(_report(), "cuda")
+    assert "data.pin_memory=true" in gpu
+
+
+def test_a_cpu_whose_step_times_scatter_is_told_about_threads() -> None:
+    notes = SpeedReport()._diagnose(_report(data_wait_share=0.0, step_ms_p95=60.0), "cpu")
+    assert len(notes) == 1 and "1 process(es) x 2 threads on 2 usable CPUs" in notes[0]
+    assert "OMP_NUM_THREADS=1" in notes[0]
+    quiet = SpeedReport()._diagnose(
+        _report(data_wait_share=0.0, step_ms_p95=60.0, threads_per_process=1), "cpu"
+    )
+    assert quiet == []  # one thread in one process: nothing to oversubscribe
 
 
 @pytest.mark.parametrize(
@@ -338,3 +364,18 @@ def test_auto_warmup_waits_for_the_step_time_to_settle_and_max_timed_steps_ends_
     r = speed_of(run_dir)
     assert r["warmup_steps"] >= 2 * WINDOW and r["warmup_seconds"] > 0
     assert r["timed_steps"] == 6 and result.trainer.global_step == r["warmup_steps"] + 6
+
+
+def test_the_report_says_batches_and_under_accumulation_optimizer_steps(train_cfg, run_dir: Path) -> None:
+    from lightspeed.speed.report import _table
+
+    train(train_cfg(*TINY, "trainer.accumulate_grad_batches=2", "callbacks.speed_report.warmup_steps=2"))
+    r = speed_of(run_dir)
+    timed = next(row for row in _rows(_table(r)) if row[0] == "timed")[1]
+    assert timed.startswith(f"{r['timed_steps']} batches after 2 warm-up batches")
+    assert f"({r['timed_steps'] // 2} optimizer steps: accumulate_grad_batches=2)" in timed
+
+
+def _rows(table) -> list[tuple[str, str]]:
+    cells = [list(column.cells) for column in table.columns]
+    return list(zip(*cells, strict=True))

@@ -164,6 +164,9 @@ class SpeedReport(L.Callback):
             "data_wait_share": sum(self.wait_times) / self.train_seconds if self.train_seconds > 0 else None,
             "flops_per_batch": self.flops_per_batch,
             "recompiles": self.recompiles,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "threads_per_process": torch.get_num_threads(),
+            "usable_cpus": device_facts.cpu_count(),
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         }
         if dev.type == "cuda":
@@ -183,10 +186,22 @@ class SpeedReport(L.Callback):
     def _diagnose(self, r: dict[str, Any], device_type: str) -> list[str]:
         notes = []
         if r["data_wait_share"] is not None and r["data_wait_share"] > self.data_wait_warn:
+            remedies = (
+                "more loader workers (data.num_workers=auto, accel=default), pinned memory "
+                "(data.pin_memory=true) or keeping the data set on the device (data.on_device=auto)"
+                if device_type == "cuda"
+                else "more loader workers (data.num_workers=auto), or slicing an in-memory data set "
+                "without a DataLoader (data.on_device=true; pinned memory only helps copies to a GPU)"
+            )
+            notes.append(f"data loading takes {r['data_wait_share']:.0%} of training time: try {remedies}")
+        median, p95 = r["step_ms_median"], r["step_ms_p95"]
+        threads, cpus = r["threads_per_process"], r["usable_cpus"]
+        if device_type == "cpu" and median and p95 and p95 > 3 * median and threads * r["devices"] > 1:
             notes.append(
-                f"data loading takes {r['data_wait_share']:.0%} of training time: try more loader workers "
-                "(data.num_workers=auto, accel=default), pinned memory (data.pin_memory=true) or keeping the "
-                "data set on the device (data.on_device=auto, as accel=default does)"
+                f"step times vary a lot on this CPU ({p95:.1f} ms p95 against {median:.1f} ms median): "
+                f"{r['devices']} process(es) x {threads} threads on {cpus} usable CPUs may be more than the "
+                f"machine has free; try OMP_NUM_THREADS={max(1, cpus // r['devices'] // 2)} or stop other "
+                "work"
             )
         if r["recompiles"]:
             notes.append(
@@ -266,7 +281,14 @@ def _table(r: dict[str, Any]) -> Table:
         ("waiting for data", fmt(r["data_wait_share"], ".1%", " of training time")),
         (
             "timed",
-            f"{r['timed_steps']} steps after {r['warmup_steps']} warm-up steps, {r['train_seconds']:.2f} s",
+            f"{r['timed_steps']} batches after {r['warmup_steps']} warm-up batches, "
+            f"{r['train_seconds']:.2f} s"
+            + (
+                f" ({r['timed_steps'] // r['accumulate_grad_batches']} optimizer steps: "
+                f"accumulate_grad_batches={r['accumulate_grad_batches']})"
+                if r["accumulate_grad_batches"] > 1
+                else ""
+            ),
         ),
         ("FLOPs per batch", fmt(r["flops_per_batch"], ".3g")),
         ("recompiles", f"{r['recompiles']} during the timed steps"),
