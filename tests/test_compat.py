@@ -162,3 +162,20 @@ def test_unrepeated_sampler_gives_each_sample_to_exactly_one_rank() -> None:
 )
 def test_model_checkpoint_has_the_private_members_the_subclass_uses(name: str) -> None:
     assert hasattr(ModelCheckpoint(), name), broken(f"ModelCheckpoint.{name}", "callbacks.ModelCheckpoint")
+
+
+def test_the_rich_bar_names_its_epochs_in_one_method_and_the_mixin_drops_a_negative_limit() -> None:
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from lightspeed.speed.progress import ProgressBar
+
+    assert callable(getattr(RichProgressBar, "_get_train_description", None)), broken(
+        "RichProgressBar._get_train_description names the epoch", "callbacks.EpochOfNoLimit"
+    )
+    bar = ProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=-1)
+    assert bar._get_train_description(93).strip() == "Epoch 93"
+    bar._trainer = SimpleNamespace(max_epochs=20)
+    assert bar._get_train_description(3).strip() == "Epoch 3/19"

@@ -104,6 +104,17 @@ class EarlyStopping(_StateKeyOnce, _EarlyStopping):
             trainer.should_stop = True
 
 
+class EpochOfNoLimit:
+    """For a RichProgressBar: `trainer.max_epochs=-1` (no limit) shows `Epoch 93`, where Lightning 2.6
+    shows `Epoch 93/-2`."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = super()._get_train_description(current_epoch)  # type: ignore[misc]
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:  # type: ignore[attr-defined]
+            description = description.replace(f"/{self.trainer.max_epochs - 1}", "", 1)  # type: ignore[attr-defined]
+        return description
+
+
 def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
     """`state` with every path under its saved `dirpath` moved under `dirpath`."""
     old = state.get("dirpath")

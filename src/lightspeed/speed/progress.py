@@ -9,8 +9,10 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 from torch import Tensor
 
+from lightspeed.compat.callbacks import EpochOfNoLimit
 
-class ProgressBar(RichProgressBar):
+
+class ProgressBar(EpochOfNoLimit, RichProgressBar):
     """Advances the bar at most `refresh_rate` times a second, and shows the training metrics as they
     were at the last logging step (every `trainer.log_every_n_steps`), each epoch's first and last batch.
 
