@@ -148,9 +148,9 @@ def hand_loop(
 OFF = [
     "callbacks=none",
     "logger=none",
-    "+trainer.enable_progress_bar=false",
-    "+trainer.enable_model_summary=false",
-    "+trainer.enable_checkpointing=false",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "trainer.enable_checkpointing=false",
 ]
 VARIANTS: list[tuple[str, type[Classifier], list[str]]] = [
     ("bare Trainer", BareClassifier, OFF),
@@ -161,9 +161,9 @@ VARIANTS: list[tuple[str, type[Classifier], list[str]]] = [
         [
             "callbacks=none",
             "logger=csv",
-            "+trainer.enable_progress_bar=false",
-            "+trainer.enable_model_summary=false",
-            "+trainer.enable_checkpointing=false",
+            "trainer.enable_progress_bar=false",
+            "trainer.enable_model_summary=false",
+            "trainer.enable_checkpointing=false",
         ],
     ),
     (
@@ -176,7 +176,7 @@ VARIANTS: list[tuple[str, type[Classifier], list[str]]] = [
             "callbacks.model_checkpoint=null",
             "callbacks.early_stopping=null",
             "callbacks.lr_monitor=null",
-            "+trainer.enable_checkpointing=false",
+            "trainer.enable_checkpointing=false",
         ],
     ),
     (
@@ -188,7 +188,7 @@ VARIANTS: list[tuple[str, type[Classifier], list[str]]] = [
             "callbacks.model_checkpoint=null",
             "callbacks.early_stopping=null",
             "callbacks.lr_monitor=null",
-            "+trainer.enable_checkpointing=false",
+            "trainer.enable_checkpointing=false",
         ],
     ),
     ("Lightspeed default (+ checkpoints, LR monitor)", Classifier, ["callbacks=default", "logger=csv"]),
@@ -248,8 +248,8 @@ def lightning_run(
             "model.net.dropout=0.0",
             "model.scheduler.name=none",
             "trainer.max_epochs=1",
-            f"+trainer.limit_train_batches={steps}",
-            "+trainer.limit_val_batches=1",
+            f"trainer.limit_train_batches={steps}",
+            "trainer.limit_val_batches=1",
             "trainer.num_sanity_val_steps=0",
             "test_after_fit=false",
             *overrides,

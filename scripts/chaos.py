@@ -48,8 +48,8 @@ RUN = [
     "+callbacks.model_checkpoint.every_n_train_steps=3",
     "callbacks.rich_progress_bar=null",
     "callbacks.model_summary=null",
-    "+trainer.enable_progress_bar=false",
-    "+trainer.enable_model_summary=false",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
 ]
 MODES = {"single": [], "ddp_cpu": ["trainer=ddp_cpu"]}
 

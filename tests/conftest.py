@@ -78,8 +78,8 @@ TINY = [
     "trainer.log_every_n_steps=1",
     "callbacks.rich_progress_bar=null",
     "callbacks.model_summary=null",
-    "+trainer.enable_progress_bar=false",
-    "+trainer.enable_model_summary=false",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
 ]
 
 
@@ -117,7 +117,7 @@ def run_ddp_cpu(tmp_path: Path, *overrides: str, probe: bool = True) -> subproce
             "trainer=ddp_cpu",
             "debug=limit",
             "callbacks.rich_progress_bar=null",
-            "+trainer.enable_progress_bar=false",
+            "trainer.enable_progress_bar=false",
         ),
         *overrides,
         f"hydra.run.dir={tmp_path / 'run'}",

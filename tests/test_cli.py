@@ -14,7 +14,7 @@ from conftest import LIMIT, REPO, run_module
 QUIET = [
     "trainer.num_sanity_val_steps=0",
     "callbacks.rich_progress_bar=null",
-    "+trainer.enable_progress_bar=false",
+    "trainer.enable_progress_bar=false",
 ]
 
 
@@ -146,11 +146,11 @@ def test_make_passes_overrides_through_in_order() -> None:
         "trainer.max_epochs=3",
         "data.batch_size=128",
         "model=mlp",
-        "ARGS=+trainer.fast_dev_run=true ~logger",
+        "ARGS=+trainer.max_time=00:00:01:00 ~logger",
     )
     assert re.search(
         r"-m lightspeed\.train 'trainer\.max_epochs=3' 'data\.batch_size=128' 'model=mlp' "
-        r"\+trainer\.fast_dev_run=true ~logger \|\|",
+        r"\+trainer\.max_time=00:00:01:00 ~logger \|\|",
         line,
     ), line
 

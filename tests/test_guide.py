@@ -40,7 +40,7 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
             *(sys.executable, "-m", "lightspeed.train", "data=waves", "model=conv1d", "debug=limit"),
             *(
                 "callbacks.rich_progress_bar=null",
-                "+trainer.enable_progress_bar=false",
+                "trainer.enable_progress_bar=false",
                 f"hydra.run.dir={run}",
             ),
         ],

@@ -507,7 +507,7 @@ BAD_INPUTS = [
         ["model.optimizer.momentum=0.9"],
         "model.optimizer.momentum is not a setting (model.optimizer has lr, name",
     ),
-    (["+trainer.val_check_interval=0"], "trainer.val_check_interval=0 is invalid"),
+    (["trainer.val_check_interval=0"], "trainer.val_check_interval=0 is invalid"),
     (["model.optimizer.weight_decay=-1"], "model.optimizer.weight_decay=-1 is invalid"),
     (["model.scheduler.pct_start=2"], "model.scheduler.pct_start=2 is invalid"),
     (["model.net.channels=[0]"], "model.net.channels=[0] is invalid"),

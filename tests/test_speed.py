@@ -173,7 +173,7 @@ def test_progress_bar_reads_metrics_on_a_clock(train_cfg, monkeypatch, seconds_p
         train_cfg(
             "debug=limit",
             "callbacks.model_summary=null",
-            "+trainer.enable_model_summary=false",
+            "trainer.enable_model_summary=false",
             "callbacks.rich_progress_bar.refresh_rate=1",
             "++trainer.limit_train_batches=10",
             "++trainer.limit_val_batches=0",
@@ -270,7 +270,7 @@ def test_empty_per_batch_hooks_are_not_called_and_implemented_ones_are(train_cfg
         def on_before_zero_grad(self, *args: object) -> None:
             self.zero_grads = getattr(self, "zero_grads", 0) + 1
 
-    cfg = train_cfg(*TINY, "test_after_fit=false", "+trainer.profiler=simple")
+    cfg = train_cfg(*TINY, "test_after_fit=false", "trainer.profiler=simple")
     counter = Counter(logging_interval="step")
     result = train(cfg, [counter])
     steps = result.trainer.global_step

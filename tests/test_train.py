@@ -70,8 +70,8 @@ def test_train_then_eval_tests_the_best_checkpoint(train_cfg, eval_cfg, eval_dir
         eval_cfg(
             "ckpt_path=latest",
             "predict=true",
-            "+trainer.enable_progress_bar=false",
-            "+trainer.limit_test_batches=2",
+            "trainer.enable_progress_bar=false",
+            "trainer.limit_test_batches=2",
             "+trainer.limit_predict_batches=2",
         )
     )
@@ -192,7 +192,7 @@ def test_logger_options(train_cfg, run_dir: Path, logger: str, artifact: str | N
 def test_callbacks_none_keeps_what_nothing_lost_needs(train_cfg, run_dir: Path) -> None:
     """callbacks=none drops the optional callbacks, not the run's checkpoints where resume=auto looks,
     preemption or the non-finite guard."""
-    result = train(train_cfg("callbacks=none", *LIMIT, "+trainer.enable_progress_bar=false"))
+    result = train(train_cfg("callbacks=none", *LIMIT, "trainer.enable_progress_bar=false"))
     names = {type(cb).__name__ for cb in result.trainer.callbacks}
     assert "EarlyStopping" not in names and "LearningRateMonitor" not in names
     assert {"RankSeed", "Preemption", "NonFiniteGuard", "ModelCheckpoint"} <= names
@@ -204,8 +204,8 @@ def test_profiler_debug_option_writes_a_report(train_cfg, run_dir: Path) -> None
         train_cfg(
             *QUIET,
             "debug=profiler",
-            "+trainer.limit_train_batches=3",
-            "+trainer.limit_val_batches=1",
+            "trainer.limit_train_batches=3",
+            "trainer.limit_val_batches=1",
             "test_after_fit=false",
         )
     )

@@ -62,7 +62,16 @@ NOT_IDENTITY = (
 #: Add every new key that changes what a run computes here (tests/test_resume.py pins the default
 #: run's hash to catch a key that was not).
 ADDED_KEYS: dict[str, Any] = {
-    "trainer.max_steps": -1,  # 2026-12: Lightning's default, now a setting of conf/trainer/default.yaml
+    # 2026-12: Lightning's defaults, now settings of conf/trainer/default.yaml
+    "trainer.max_steps": -1,
+    "trainer.val_check_interval": None,
+    "trainer.limit_train_batches": 1.0,
+    "trainer.limit_val_batches": 1.0,
+    "trainer.limit_test_batches": 1.0,
+    "trainer.overfit_batches": 0.0,
+    "trainer.fast_dev_run": False,
+    "trainer.enable_checkpointing": True,
+    "trainer.profiler": None,
 }
 
 
