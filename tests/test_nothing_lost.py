@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -12,10 +15,12 @@ import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
+from omegaconf import open_dict
 
 from conftest import LIMIT, REPO, TINY, run_module
 from lightspeed import CONF_DIR
@@ -27,6 +32,7 @@ from lightspeed.core.config import (
     validate_targets,
     validate_train,
 )
+from lightspeed.core.failures import exit_on_failure
 from lightspeed.eval import run as evaluate
 from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
@@ -569,3 +575,96 @@ def test_a_bad_input_is_one_line_and_exit_2_before_any_training(
     code, error = _fails(run, capsys)
     assert code == 2 and error.startswith(f"error: {line}"), error
     assert not (run_dir / "checkpoints").exists()
+
+
+# What a second reading found
+
+
+def test_a_target_reached_through_a_module_attribute_is_refused(train_cfg) -> None:
+    cfg = train_cfg("+callbacks.x._target_=lightspeed.resilience.checkpoint.shutil.copyfile")
+    with pytest.raises(
+        ConfigError, match=r"^callbacks\.x\._target_=lightspeed\..*shutil\.copyfile is not allowed"
+    ):
+        validate_targets(cfg)
+
+
+def test_a_target_a_resolver_makes_is_refused_before_it_is_called(train_cfg, capsys) -> None:
+    cfg = train_cfg(*FIT)
+    with open_dict(cfg):  # as a shared yaml file would write it
+        cfg.callbacks.x = "${oc.create:{_target_: builtins.print, _args_: [PWNED]}}"
+    code, line = _fails(lambda: train(cfg), capsys)
+    assert code == 2 and "callbacks.x._target_=builtins.print is not allowed" in line
+    assert "PWNED" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["+hydra.callbacks.x._target_=builtins.print"], "hydra.callbacks.x._target_"),
+        (["-m", "seed=1,2", "+hydra.callbacks.x._target_=builtins.print"], "hydra.callbacks.x._target_"),
+        (["+hydra.job_logging.handlers.x.class=builtins.print"], "hydra.job_logging.handlers.x.class"),
+    ],
+)
+def test_what_hydra_itself_instantiates_is_checked_before_hydra_runs(args: list[str], key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=builtins\.print is not allowed"):
+        check_composes("train", args)
+
+
+def test_hydra_mode_multirun_is_a_sweep_too() -> None:
+    check_composes("train", ["hydra.mode=MULTIRUN", "seed=1,2"])  # no "Ambiguous value"
+
+
+def test_a_crash_after_which_lightning_exits_1_is_not_reported_as_ctrl_c() -> None:
+    strategy = SimpleNamespace(launcher=None, cluster_environment=None)
+    trainer = SimpleNamespace(interrupted=True, world_size=1, global_rank=0, strategy=strategy)
+    with pytest.raises(SystemExit) as exit_, exit_on_failure(None, trainer):
+        raise SystemExit(1)  # as after a rank died, with no KeyboardInterrupt behind it
+    assert exit_.value.code == 1
+
+
+def test_an_error_of_the_training_after_a_resume_is_not_blamed_on_the_checkpoint() -> None:
+    with pytest.raises(EOFError, match="a truncated data file"), checkpoint.loading("last.ckpt"):
+        raise EOFError("a truncated data file")
+    with pytest.raises(pickle.UnpicklingError), checkpoint.loading(None):
+        raise pickle.UnpicklingError("from the data, with no checkpoint at all")
+
+
+def test_fine_tuning_from_another_runs_checkpoint_tests_its_own_best(train_cfg, run_dir: Path) -> None:
+    first = train(train_cfg(*TESTED))
+    last = first.trainer.checkpoint_callback.last_model_path
+    other = run_dir.parent / "finetune"
+    tuned = train(
+        train_cfg(*TESTED, "trainer.max_epochs=3", f"paths.output_dir={other}", f"ckpt_path={last}")
+    )
+    assert Path(tuned.best_checkpoint).parent == other / "checkpoints" and "test/acc" in tuned.metrics
+
+
+def test_the_lock_steps_aside_where_it_cannot_work(run_dir: Path, monkeypatch) -> None:
+    def no_flock(*args) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(lock.fcntl, "flock", no_flock)
+    with pytest.warns(UserWarning, match="cannot be locked"):
+        lock.acquire(run_dir).close()
+    monkeypatch.undo()
+    monkeypatch.setenv("NODE_RANK", "1")  # another node's first process: the same run
+    with lock.held(run_dir), lock.held(run_dir):
+        pass
+
+
+def test_a_monitor_of_step_or_epoch_is_not_refused(train_cfg) -> None:
+    result = train(
+        train_cfg(*FIT, "callbacks.model_checkpoint.monitor=step", "callbacks.model_checkpoint.mode=max")
+    )
+    assert result.trainer.global_step == 10
+
+
+def test_a_bug_inside_a_constructor_keeps_its_traceback_and_bad_keys_are_one_line() -> None:
+    from hydra.errors import InstantiationException
+
+    from lightspeed.run import build
+
+    with pytest.raises(InstantiationException):  # a ValueError/TypeError of the code: not a setting
+        build.instantiate({"_target_": "datetime.timedelta", "days": "x"}, "trainer.strategy.timeout")
+    with pytest.raises(ConfigError, match=r"^trainer\.strategy\.timeout: .*dayz"):
+        build.instantiate({"_target_": "datetime.timedelta", "dayz": 1}, "trainer.strategy.timeout")

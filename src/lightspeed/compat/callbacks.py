@@ -116,7 +116,8 @@ class EpochOfNoLimit:
 
 
 def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
-    """`state` with every path under its saved `dirpath` moved under `dirpath`."""
+    """`state` with every path under its saved `dirpath` moved under `dirpath`, when the files are there
+    (the folder was moved or copied)."""
     old = state.get("dirpath")
     if not old or not dirpath or Path(old) == Path(dirpath):
         return state
@@ -129,6 +130,8 @@ def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
         except ValueError:  # not a file of the run's folder: left as it was
             return path
 
+    if not any(Path(str(here(state.get(k)))).is_file() for k in ("best_model_path", "last_model_path")):
+        return state  # not this folder's files (a new run fine-tuning from another's): Lightning's rules
     state = dict(state, dirpath=dirpath)
     for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
         if key in state:

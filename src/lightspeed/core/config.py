@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra.utils import get_object
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping
 from omegaconf import DictConfig, OmegaConf
 
@@ -120,8 +121,13 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "an integer >= 1 or null",
     ),
     "trainer.val_check_interval": (
-        lambda v: v is None or (_is_int(v) and v >= 1) or (_is_finite(v) and 0 < v <= 1),
-        "a fraction of an epoch in (0, 1], a number of batches >= 1, or null",
+        lambda v: (
+            v is None
+            or isinstance(v, (str, dict))  # a time, as Lightning takes it ("00:01:00:00", {minutes: 5})
+            or (_is_int(v) and v >= 1)
+            or (_is_finite(v) and 0 < v <= 1)
+        ),
+        "a fraction of an epoch in (0, 1], a number of batches >= 1, a time, or null",
     ),
     "trainer.devices": (
         lambda v: v in ("auto", -1) or (_is_int(v) and v >= 1) or _device_list(v),
@@ -147,7 +153,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v is None or isinstance(v, bool) or v == "warn",
         "true, false or warn",
     ),
-    "trainer.gradient_clip_val": (lambda v: v is None or (_is_number(v) and v > 0), "a number > 0 or null"),
+    "trainer.gradient_clip_val": (lambda v: v is None or (_is_finite(v) and v >= 0), "a number >= 0 or null"),
     "trainer.log_every_n_steps": _int_at_least(1),
     "data.batch_size": _int_at_least(1),
     "data.num_workers": (lambda v: v == "auto" or (_is_int(v) and v >= 0), "auto or an integer >= 0"),
@@ -251,12 +257,36 @@ def allowed_targets(local: Path = LOCAL_CONFIG) -> tuple[str, ...]:
 
 
 def is_allowed(target: str, allowed: Sequence[str]) -> bool:
+    """`target` is under an allowed name, and so is the object it finds: `lightspeed.x.shutil.copyfile`
+    starts with an allowed name but is shutil's function, reached through a module's attribute. (Only a
+    name under an allowed one is ever imported.)"""
+    if not _under(target, allowed):
+        return False
+    try:
+        found = get_object(target)
+    except Exception:  # not found: instantiating it fails with Hydra's own message
+        return True
+    module, name = getattr(found, "__module__", None), getattr(found, "__qualname__", None)
+    homes = (*allowed, "lightning")  # Lightning's classes live deeper than the names they are exported as
+    return isinstance(module, str) and isinstance(name, str) and _under(f"{module}.{name}", homes)
+
+
+def _under(target: str, allowed: Sequence[str]) -> bool:
     return any(target == name or target.startswith(name.rstrip(".") + ".") for name in allowed)
+
+
+def _refuse(name: str, target: Any) -> ConfigError:
+    return ConfigError(
+        f"{name}={target} is not allowed: configs may instantiate lightspeed.*, Lightning's Trainer, "
+        "callbacks, loggers, strategies, profilers and plugins, datetime.timedelta, and what "
+        "allowed_targets lists in conf/local/default.yaml: add a name you trust there"
+    )
 
 
 def validate_targets(cfg: DictConfig, local: Path = LOCAL_CONFIG) -> None:
     """Refuse, in one line, any `_target_` (or `module`) outside the allow-list, and `allowed_targets`
-    set anywhere but conf/local/default.yaml."""
+    set anywhere but conf/local/default.yaml. (Values a resolver makes are checked again as they are
+    instantiated: `check_node`.)"""
     stored = OmegaConf.load(local).get("allowed_targets") if local.is_file() else None
     if "allowed_targets" in cfg and cfg.allowed_targets != stored:
         raise ConfigError(
@@ -267,24 +297,49 @@ def validate_targets(cfg: DictConfig, local: Path = LOCAL_CONFIG) -> None:
     container = OmegaConf.to_container(cfg, resolve=False)
     for key, target in [("module", cfg.get("module")), *_targets(container, "")]:
         if target is not None and not is_allowed(str(target), allowed):
-            name = "module" if key == "module" else f"{key}._target_"
-            raise ConfigError(
-                f"{name}={target} is not allowed: configs may instantiate lightspeed.*, Lightning's Trainer, "
-                "callbacks, loggers, strategies, profilers and plugins, datetime.timedelta, and what "
-                "allowed_targets lists in conf/local/default.yaml: add a name you trust there"
-            )
+            raise _refuse("module" if key == "module" else f"{key}._target_", target)
 
 
-def _targets(node: Any, path: str) -> list[tuple[str, Any]]:
+def check_node(node: Any, where: str) -> None:
+    """The allow-list on a node as it is about to be instantiated, interpolations resolved."""
+    container = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    allowed = allowed_targets()
+    for key, target in _targets(container, f"{where}."):
+        if not is_allowed(str(target), allowed):
+            raise _refuse(f"{key}._target_", target)
+
+
+#: What Hydra itself may instantiate from its own node (callbacks, launcher, sweeper, logging handlers).
+HYDRA_ALLOWED = ("hydra", "logging", "lightspeed")
+
+
+def validate_hydra_node(hydra_node: Any) -> None:
+    """Hydra instantiates its callbacks, launcher and sweeper (`_target_`), and Python's logging the
+    handlers' `class` and `()` factories, before the task runs: the same allow-list, with Hydra's and
+    logging's own classes."""
+    container = (
+        OmegaConf.to_container(hydra_node, resolve=False) if OmegaConf.is_config(hydra_node) else hydra_node
+    )
+    allowed = (*HYDRA_ALLOWED, *allowed_targets())
+    for key, target in _targets(container, "hydra.", keys=("_target_", "()", "class")):
+        if isinstance(target, str) and not is_allowed(target, allowed):
+            raise _refuse(key if key.endswith((".class", ".()")) else f"{key}._target_", target)
+
+
+def _targets(node: Any, path: str, keys: Sequence[str] = ("_target_",)) -> list[tuple[str, Any]]:
+    """(where, value) of every `keys` entry in a container, `where` naming the key itself but for
+    `_target_` (its node)."""
     found: list[tuple[str, Any]] = []
     if isinstance(node, dict):
-        if "_target_" in node:
-            found.append((path.rstrip(".") or "<root>", node["_target_"]))
+        for key in keys:
+            if key in node:
+                where = path.rstrip(".") if key == "_target_" else f"{path}{key}"
+                found.append((where or "<root>", node[key]))
         for key, value in node.items():
-            found += _targets(value, f"{path}{key}.")
+            found += _targets(value, f"{path}{key}.", keys)
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            found += _targets(value, f"{path}{i}.")
+            found += _targets(value, f"{path}{i}.", keys)
     return found
 
 
@@ -416,7 +471,7 @@ class MonitorCheck(L.Callback):
             self._check(trainer)
 
     def _check(self, trainer: L.Trainer) -> None:
-        logged = sorted(trainer.callback_metrics)
+        logged = sorted({*trainer.callback_metrics, "epoch", "step"})  # Lightning adds the last two
         for callback in trainer.callbacks:
             key = next((k for kind, k in self._KEYS if isinstance(callback, kind)), None)
             monitor = getattr(callback, "monitor", None)

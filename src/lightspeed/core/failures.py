@@ -114,7 +114,8 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
             )
         raise SystemExit(128 + stop.signum if agreed is None else agreed) from None
     except SystemExit as stop:
-        if not trainer.interrupted or stop.code != 1:  # Lightning's exit after a KeyboardInterrupt
+        # Lightning's exit after a KeyboardInterrupt (trainer.interrupted alone is true after any error)
+        if not isinstance(stop.__context__, KeyboardInterrupt) or stop.code != 1:
             raise
         _say(f"interrupted by SIGINT (Ctrl-C) at step {trainer.global_step}: {_newest_saved(trainer)}")
         raise SystemExit(128 + signal.SIGINT) from None

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.fabric.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 from lightspeed.core.config import ConfigError
 
@@ -35,7 +35,8 @@ def held(run_dir: Path) -> Iterator[None]:
     """Hold the run folder's lock for the block, or raise ConfigError naming its holder. Only the first
     process of a run locks: under DDP, Lightning starts the other ranks into the same folder later, and
     they (and the other nodes' ranks) are the same run."""
-    if fcntl is None or rank_zero_only.rank != 0:
+    node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
+    if fcntl is None or rank_zero_only.rank != 0 or node != "0":  # another node's first process too
         yield
         return
     handle = acquire(run_dir)
@@ -51,7 +52,12 @@ def acquire(run_dir: Path) -> IO[str]:
     handle = open(run_dir / LOCK_FILE, "a+")  # noqa: SIM115 (held open past this function on purpose)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError as err:
+        if not isinstance(err, BlockingIOError):  # a file system without flock (Lustre noflock, NFS)
+            rank_zero_warn(
+                f"{run_dir} cannot be locked ({err.strerror}): two runs of it would not be kept apart"
+            )
+            return handle
         handle.seek(0)
         holder = _describe(handle.read())
         handle.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.compat import hooks
 from lightspeed.compat.callbacks import ModelCheckpoint
-from lightspeed.core.config import ConfigError, MonitorCheck
+from lightspeed.core.config import ConfigError, MonitorCheck, check_node
 from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.exact_resume import ExactResume
@@ -28,10 +29,19 @@ from lightspeed.resilience.preemption import Preemption
 from lightspeed.resilience.rank_seed import RankSeed
 from lightspeed.speed.accel import LOADER_KNOBS
 
+#: What a TypeError says when a config's keys do not fit a constructor's arguments.
+_BINDING = re.compile(
+    r"unexpected keyword argument|invalid keyword argument|missing \d+ required|takes \d+ positional"
+    r"|got multiple values"
+)
+
 
 def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
-    """Hydra's instantiate, with a constructor's refusal in one line naming the config node `where`
-    (Hydra wraps it in a multi-line InstantiationException); a ConfigError passes through as itself."""
+    """Hydra's instantiate, after the allow-list (on the node as resolved: a resolver can make a
+    `_target_`), with a refusal of the settings in one line naming the config node `where`: Lightning's
+    MisconfigurationException, or keys that do not fit the constructor's arguments. Any other error in
+    a constructor (a bug in it) keeps its traceback; a ConfigError passes through as itself."""
+    check_node(node, where)
     try:
         return _instantiate(node, **kwargs)
     except InstantiationException as err:
@@ -40,7 +50,9 @@ def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
             cause = cause.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        if isinstance(cause, (ValueError, TypeError, MisconfigurationException)):
+        if isinstance(cause, MisconfigurationException) or (
+            isinstance(cause, TypeError) and _BINDING.search(str(cause))
+        ):
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
             raise ConfigError(f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)") from None
         raise

@@ -25,6 +25,7 @@ from lightspeed.core.config import (
     exit_on_config_error,
     flat_keys,
     unknown_key,
+    validate_hydra_node,
 )
 from lightspeed.core.logs import route_to_run_log
 from lightspeed.resilience.identity import register_resolver
@@ -51,21 +52,33 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
 
 def check_composes(config_name: str, args: list[str]) -> None:
     """Compose the config as Hydra will, and turn what Hydra would print as a dozen lines (a mistyped
-    key, an override it cannot parse) into one ConfigError line. Command lines with Hydra's own flags
-    (`-m`, `--cfg`, ...) are left to Hydra."""
-    if any(arg.startswith("-") for arg in args):
+    key, an override it cannot parse) into one ConfigError line; check what Hydra itself instantiates
+    (its callbacks, launcher, logging) against the allow-list. A sweep's (`-m`) swept overrides are left
+    out (each job checks its own values); other flags (`--cfg`, `--help`, ...) are left to Hydra."""
+    sweep = any(a in ("-m", "--multirun") or a.lstrip("+").startswith("hydra.mode=") for a in args)
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
         return
+    overrides = [a for a in args if not a.startswith("-")]
+    if sweep:
+        overrides = [a for a in overrides if not _swept(a) and not a.lstrip("+").startswith("hydra.mode=")]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name, overrides=args, return_hydra_config=True)
+            cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(composition_error(err, args, config_name)) from None
+        raise ConfigError(composition_error(err, overrides, config_name)) from None
     finally:
         GlobalHydra.instance().clear()
+    validate_hydra_node(cfg.hydra)
     with open_dict(cfg):
         del cfg.hydra
     check_known_keys(cfg, config_name)
+
+
+def _swept(override: str) -> bool:
+    """`key=a,b` or `key=range(...)`: a value per job."""
+    value = override.partition("=")[2]
+    return "," in re.sub(r"\[[^\]]*\]|\{[^}]*\}", "", value) or re.match(r"\w+\(", value) is not None
 
 
 def composition_error(err: Exception, args: list[str], config_name: str) -> str:
