@@ -273,3 +273,12 @@ def test_training_without_validation_leaves_early_stopping_out(train_cfg) -> Non
     result = train(train_cfg(*TINY, "++trainer.limit_val_batches=0", "test_after_fit=false"))
     assert result.trainer.global_step == 10
     assert not any(type(cb).__name__ == "EarlyStopping" for cb in result.trainer.callbacks)
+
+
+def test_a_net_that_cannot_take_the_datas_shape_is_one_line_naming_both(train_cfg, capsys) -> None:
+    """A 1D data set with the default 2D CNN (model= forgotten): one line before any training."""
+    with pytest.raises(SystemExit) as exit_:
+        train(train_cfg("data=synthetic", "data.shape=[40]", "data.num_samples=256", *QUIET))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert "cannot take the inputs of data=" in err and "(shape [40])" in err and "conv2d" in err

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import get_object
 from hydra.utils import instantiate as _instantiate
@@ -91,8 +93,40 @@ def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
     module = instantiate(
         cfg.model, "model", num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
     )
+    _check_inputs_fit(cfg, dm)
     hooks.speed_up_module(module)
     return module
+
+
+#: What torch says when a tensor's shape does not fit a layer.
+_SHAPE_ERROR = re.compile(r"shape|size|dimension|[Ee]xpected .*input", re.IGNORECASE)
+
+
+def _check_inputs_fit(cfg: DictConfig, dm: L.LightningDataModule) -> None:
+    """One forward pass of a copy of the model on PyTorch's meta device (shapes, no data, no memory): a
+    net that cannot take the data's input shape (a 1D data set with the 2D default CNN) is one line
+    naming both, not a traceback from the first training step."""
+    shape = list(dm.input_shape)
+    try:
+        with torch.device("meta"):
+            probe = _instantiate(cfg.model, num_classes=dm.num_classes, input_shape=shape, _convert_="all")
+    except Exception:  # a model that cannot be built on the meta device (it loads weights, say): unchecked
+        return
+    try:
+        with torch.no_grad():
+            probe.eval()(torch.empty(2, *shape, device="meta"))
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if not _SHAPE_ERROR.search(first):
+            return  # not about shapes (an op the meta device lacks): training will tell
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        model, data = choices.get("model", "the model"), choices.get("data", "the data")
+        raise ConfigError(
+            f"model={model} cannot take the inputs of data={data} (shape {shape}): {first}; choose a model "
+            "for this data (model=...), or a net that takes its input_shape"
+        ) from None
+    except Exception:
+        pass
 
 
 def _group(cfg: DictConfig | None, group: str) -> list[Any]:
