@@ -26,15 +26,9 @@ OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w
 MULTIRUN := $(filter -m --multirun,$(ARGS))
 REST := $(filter-out -m --multirun,$(ARGS))
 
-# make exits 2 whenever a recipe fails: say the program's own exit code and what it means first.
-# (Schedulers should call `python -m lightspeed.train` directly, to see its code.)
-explain = code=$$?; case $$code in \
-  2) why="a bad setting: the error line above names it and the fix";; \
-  3) why="a training failure, explained above";; \
-  130) why="interrupted (Ctrl-C)";; \
-  138|143) why="preempted: a checkpoint was saved, rerun the same command to continue";; \
-  *) why="an unexpected error, see above";; \
-  esac; echo "make: $(1) exited with $$code: $$why" >&2; exit $$code
+# make exits 2 whenever a recipe fails: scripts/exit_code.sh says the program's own code and what it
+# means first. (Schedulers should call `python -m lightspeed.train` directly, to see its code.)
+explain = bash scripts/exit_code.sh $$? "$(1)"
 
 .DEFAULT_GOAL := help
 .PHONY: help install train eval doctor bench test test-full bench-data chaos gpu-check lint format clean
@@ -52,10 +46,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## make .venv: torch (TORCH=...), then this package editable with its dev extra
 
 train: $(STAMP)  ## train (default: CNN on digits); KEY=VALUE overrides, ARGS="..." for the rest
-	$(PY) -m lightspeed.train $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) || { $(call explain,python -m lightspeed.train); }
+	$(PY) -m lightspeed.train $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.train)
 
 eval: $(STAMP)  ## test the newest run's best checkpoint (ckpt_path=... for another, predict=true)
-	$(PY) -m lightspeed.eval $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) || { $(call explain,python -m lightspeed.eval); }
+	$(PY) -m lightspeed.eval $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.eval)
 
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
 	$(PY) -m lightspeed.doctor $(ARGS)
