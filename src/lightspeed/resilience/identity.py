@@ -208,9 +208,7 @@ def _lookup(config: dict[str, Any], key: str) -> Any:
 
 
 def _pop(config: dict[str, Any], key: str) -> None:
-    *parents, last = key.split(".")
-    node: Any = config
-    for part in parents:
-        node = node.get(part) if isinstance(node, dict) else None
+    parent, _, last = key.rpartition(".")
+    node = _lookup(config, parent) if parent else config
     if isinstance(node, dict):
         node.pop(last, None)
