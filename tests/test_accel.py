@@ -284,6 +284,7 @@ FLUSH_CASES = {
 }
 
 
+@pytest.mark.slow  # 4 fresh processes (~15 s); the next test checks a run's result in process
 def test_flush_denormal_holds_in_every_cpu_thread_or_in_none() -> None:
     if torch.get_num_threads() < 2 or not device.can_flush():
         pytest.skip("needs 2 CPU threads and a CPU that can flush denormals")

@@ -53,19 +53,24 @@ class Payload:
         return (Path.touch, (self.marker,))
 
 
-@pytest.mark.parametrize("module", ["lightspeed.eval", "lightspeed.train"])
-def test_a_checkpoint_with_a_pickle_payload_is_refused(tmp_path: Path, module: str) -> None:
+def test_a_checkpoint_with_a_pickle_payload_is_refused(train_cfg, tmp_path: Path, capsys) -> None:
+    """Through the command line for eval, in process for train (the same loading code)."""
+    from lightspeed.train import train
+
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {}, "payload": Payload(marker)}, evil)
-    args = [f"ckpt_path={evil}", f"paths.log_dir={tmp_path / 'logs'}"]
-    if module == "lightspeed.train":
-        args += ["debug=limit"]
-    proc = run_module(module, *args, cwd=tmp_path)
+    proc = run_module(
+        "lightspeed.eval", f"ckpt_path={evil}", f"paths.log_dir={tmp_path / 'logs'}", cwd=tmp_path
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
+    with pytest.raises(SystemExit) as exit_:
+        train(train_cfg(f"ckpt_path={evil}", "debug=limit"))
+    assert exit_.value.code == 2
     assert not marker.exists()  # never executed
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "holds Python objects, not plain data, and was not loaded" in errors[0]
+    for err in (proc.stderr, capsys.readouterr().err):
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and "holds Python objects, not plain data, and was not loaded" in errors[0]
 
 
 @pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated zip"])

@@ -1,4 +1,4 @@
-"""Composition of every shipped config, and one-line errors for bad values."""
+"""One-line errors for bad values, before any work (every option composing: test_registry.py)."""
 
 from __future__ import annotations
 
@@ -7,32 +7,17 @@ import torch
 from omegaconf import OmegaConf
 
 from lightspeed import CONF_DIR
-from lightspeed.core.config import ConfigError, validate_train
-
-GROUPS = ["data", "model", "trainer", "accel", "callbacks", "logger", "paths", "hydra", "debug", "experiment"]
-
-
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+from lightspeed.core.config import ConfigError, check_group_choices, validate_train
+from test_registry import options
 
 
-def test_the_issue_lists_the_options_we_ship() -> None:
-    assert options("data") == ["digits", "synthetic"]
-    assert options("model") == ["cnn", "mlp", "resnet"]
-    assert options("trainer") == ["cpu", "ddp", "ddp_cpu", "default", "gpu"]
-    assert options("callbacks") == ["default", "none"]
-    assert options("logger") == ["csv", "none", "tensorboard"]
-    assert options("debug") == ["fdr", "limit", "overfit", "profiler"]
-    assert options("accel") == ["default", "max", "off"]
-    assert options("experiment")
-
-
-@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
-def test_every_option_composes(train_cfg, group: str, option: str) -> None:
-    cfg = train_cfg(f"{group}={option}")
-    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
-    if group in ("data", "model", "trainer"):
-        assert "_target_" in cfg[group]
+def test_an_unknown_option_is_named_with_the_options_there_are() -> None:
+    with pytest.raises(ConfigError) as err:
+        check_group_choices(["trainer=foo"])  # what the command line checks first
+    assert (
+        str(err.value)
+        == f"trainer=foo is not an option: use one of {', '.join(options('trainer'))} (conf/trainer/)"
+    )
 
 
 def test_eval_config_composes(eval_cfg) -> None:

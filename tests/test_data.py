@@ -55,6 +55,63 @@ def test_a_split_that_would_be_empty_is_a_config_error() -> None:
         dm.setup()
 
 
+class OfficialSplit(SyntheticDataModule):
+    """A data set with its own test split (as MNIST's), through the named-splits form of load_arrays."""
+
+    def __init__(self, given: tuple[str, ...] = ("train", "test"), **kwargs) -> None:
+        super().__init__(num_samples=300, shape=[1, 4], num_classes=3, **kwargs)
+        self.given = given
+
+    def load_arrays(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        x, y = super().load_arrays()
+        parts = {"train": (x[:200], y[:200]), "val": (x[200:250], y[200:250]), "test": (x[250:], y[250:])}
+        return {name: parts[name] for name in self.given}
+
+
+def test_named_splits_are_kept_and_a_missing_one_is_drawn_from_train() -> None:
+    dm = OfficialSplit(val_fraction=0.1, test_fraction=0.5, normalize=False)
+    dm.setup()
+    raw_x, _ = SyntheticDataModule.load_arrays(dm)
+    assert torch.equal(dm.splits["test"].tensors[0], raw_x[250:])  # as given, in its order
+    assert {k: len(v) for k, v in dm.splits.items()} == {
+        "train": 180,
+        "val": 20,
+        "test": 50,
+    }  # val: 10% of 200
+    seen = torch.cat([dm.splits[k].tensors[0] for k in ("train", "val")])
+    assert sorted(map(tuple, seen.tolist())) == sorted(map(tuple, raw_x[:200].tolist()))
+    every = OfficialSplit(given=("train", "val", "test"))
+    every.setup()
+    assert {k: len(v) for k, v in every.splits.items()} == {"train": 200, "val": 50, "test": 50}
+    # standardised with the train split's statistics, the given test split included
+    train_x = every.splits["train"].tensors[0]
+    assert abs(train_x.mean().item()) < 1e-5 and abs(every.splits["test"].tensors[0].mean().item()) > 1e-3
+
+
+def test_bad_split_names_and_empty_drawn_splits_say_what_to_do() -> None:
+    with pytest.raises(ValueError, match=r"returned splits \['test', 'valid'\]: name them train, val, test"):
+        _named({"valid": 1, "test": 1})
+    with pytest.raises(ConfigError, match=r"data.val_fraction=0.001 leave an empty split of 200 samples"):
+        OfficialSplit(val_fraction=0.001).setup()
+
+
+def _named(splits: dict) -> None:
+    dm = OfficialSplit()
+    dm.load_arrays = lambda: splits
+    dm.setup()
+
+
+def test_sample_ids_name_raw_inputs_whatever_the_normalisation() -> None:
+    a, b = DigitsDataModule(normalize=True), DigitsDataModule(normalize=False, split_seed=5)
+    a.setup(), b.setup()
+    assert len(set(a.sample_ids["train"].tolist())) > 1250  # 1258 images, a few exact duplicates
+    every_a = torch.cat(list(a.sample_ids.values()))
+    every_b = torch.cat(list(b.sample_ids.values()))
+    assert sorted(every_a.tolist()) == sorted(every_b.tolist())  # the same images, however split
+    overlap = torch.isin(b.sample_ids["test"], a.sample_ids["train"]).float().mean()
+    assert 0.5 < overlap < 0.9  # another split seed: most of its test set was a's training data
+
+
 def test_loader_settings_reach_the_dataloader() -> None:
     dm = DigitsDataModule(batch_size=32, num_workers=2, pin_memory=True, persistent_workers=True)
     dm.setup()

@@ -92,6 +92,7 @@ def test_a_preemption_signal_saves_and_exits_and_the_rerun_continues(
     assert not list(last.parent.glob("last-v*.ckpt"))
 
 
+@pytest.mark.slow  # two real runs (~18 s); the in-process signal tests above cover the logic in make test
 def test_sigterm_to_a_real_run_exits_143_within_seconds_and_rerunning_resumes(tmp_path: Path) -> None:
     """What a cluster does: SIGTERM to the training process, some seconds of grace, the job restarted."""
     args = [

@@ -1,5 +1,6 @@
-"""docs/guide.md, performed: its recipes copied out of the guide into a temporary copy of the project,
-then one run with the new data set, the new net and the changed precision."""
+"""docs/guide.md, performed: its recipes copied out of the guide into a temporary copy of the project, the
+registry-driven tests run there (they must stay green and train the additions), then one run with the new
+data set, the new net and the changed precision."""
 
 from __future__ import annotations
 
@@ -29,6 +30,22 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     (project / "conf/data/waves.yaml").write_text(block("conf/data/waves.yaml", "yaml"))
     (project / "src/lightspeed/models/nets/conv1d.py").write_text(block("## Add a net", "python"))
     (project / "conf/model/conv1d.yaml").write_text(block("conf/model/conv1d.yaml", "yaml"))
+    shutil.copytree(REPO / "tests", project / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", project)  # the same pytest settings
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)}
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/test_registry.py", "-q", "-rA", "-p", "no:cacheprovider"],
+        cwd=project,
+        env={**env, "PYTHONPATH": f"{project / 'src'}:{project / 'tests'}"},  # the copy's code first
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert tests.returncode == 0, tests.stdout[-6000:]
+    passed = tests.stdout
+    for added in ("[data=waves]", "[model=conv1d]", "[data-waves]", "[model-conv1d]", "[conv1d-1x40]"):
+        assert re.search(rf"PASSED tests/test_registry.py::\w+{re.escape(added)}", passed), added
+
     preset = project / "conf/accel/default.yaml"
     line = "  precision: auto "
     assert preset.read_text().count(line) == 1, "the one line the guide changes"
@@ -45,7 +62,7 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
             ),
         ],
         cwd=tmp_path,
-        env={"PYTHONPATH": str(project / "src"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        env={**env, "PYTHONPATH": str(project / "src")},
         capture_output=True,
         text=True,
         timeout=240,

@@ -13,18 +13,11 @@ from lightspeed.models.nets import NETS, build_net
 OPT = {"name": "AdamW", "lr": 1e-3}
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn"])
-@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32)])
-def test_nets_map_inputs_to_class_scores(name: str, shape: tuple[int, ...]) -> None:
-    net = build_net({"name": name}, shape, num_classes=7)
-    assert net(torch.randn(5, *shape)).shape == (5, 7)
-
-
 def test_nets_are_found_by_name_and_unknown_ones_are_refused() -> None:
     build_net({"name": "mlp"}, (1, 8, 8), 10)
-    assert {"mlp", "cnn"} <= set(NETS)
+    known = ", ".join(sorted(NETS))  # every registered net, yours included
     with pytest.raises(
-        ConfigError, match=r"model.net.name='resnet9000' is not a known net: use one of cnn, mlp"
+        ConfigError, match=rf"model.net.name='resnet9000' is not a known net: use one of {known}$"
     ):
         build_net({"name": "resnet9000"}, (1, 8, 8), 10)
     with pytest.raises(ConfigError, match=r"^model\.net \(mlp\)"):

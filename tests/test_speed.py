@@ -254,6 +254,7 @@ def test_last_checkpoint_follows_every_epoch_even_without_a_new_best(
         "trainer.max_epochs=4",
         "test_after_fit=false",
         "callbacks.early_stopping=null",
+        "callbacks.model_checkpoint.monitor=val/loss",
         "callbacks.model_checkpoint.mode=max",
         f"callbacks.model_checkpoint._target_={target}",
     )

@@ -1,8 +1,10 @@
-"""Training end to end, in process: every data/model option, the trainer knobs, checkpoints, resume."""
+"""Training end to end, in process: the trainer knobs, checkpoints, eval, resume (every data and model option:
+test_registry.py)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -21,18 +23,6 @@ from lightspeed.train import train
 from probes import AutocastProbe
 
 QUIET = [o for o in TINY if o not in LIMIT]  # TINY without its 2 epochs of a few batches
-
-
-@pytest.mark.parametrize("data", ["digits", "synthetic"])
-@pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_fast_dev_run_trains_every_data_and_model(train_cfg, data: str, model: str) -> None:
-    extra = (
-        ["data.num_samples=256", "data.shape=[3,16,16]", "data.batch_size=32"] if data == "synthetic" else []
-    )
-    result = train(train_cfg(f"data={data}", f"model={model}", "debug=fdr", *QUIET, *extra))
-    assert result.trainer.global_step == 1  # fast_dev_run: one optimizer step
-    assert result.best_checkpoint is None  # ... and no checkpoints
-    assert {"test/acc", "test/loss"} <= set(result.metrics)
 
 
 def test_tiny_run_writes_checkpoints_logs_and_a_summary(train_cfg, run_dir: Path) -> None:
@@ -82,6 +72,47 @@ def test_train_then_eval_tests_the_best_checkpoint(train_cfg, eval_cfg, eval_dir
     assert facts["checkpoint"] == result.best_checkpoint
     rows = (eval_dir / "predictions.csv").read_text().splitlines()
     assert rows[0] == "index,target,pred,prob" and len(rows) == 1 + 2 * 64
+
+
+def test_eval_tests_on_the_run_s_own_data_and_warns_when_it_trained_on_the_test_set(
+    train_cfg, eval_cfg, eval_dir: Path, caplog
+) -> None:
+    """The run was trained on split_seed=1; conf/data says 0 (as if edited since): eval takes the run's own
+    split from the checkpoint. Asked for split 0 explicitly, it does so and says how much it trained on."""
+    result = train(train_cfg(*TINY, "data.split_seed=1"))
+    ckpt = torch.load(result.best_checkpoint, map_location="cpu", weights_only=True)
+    assert ckpt["identity"]["config"]["data"]["split_seed"] == 1 and len(ckpt["train_samples"]) == 1258
+    quiet = ["trainer.enable_progress_bar=false", "trainer.limit_test_batches=2"]
+    with caplog.at_level(logging.INFO):
+        own = evaluate(eval_cfg(f"ckpt_path={result.best_checkpoint}", *quiet))
+    assert own["test/acc"] == pytest.approx(result.metrics["test/acc"], abs=1e-6)  # the run's split
+    assert json.loads((eval_dir / SUMMARY_FILE).read_text())["test_samples_seen_in_training"] == 0
+    assert "data: the run's own, as saved in" in caplog.text
+    with (
+        caplog.at_level(logging.INFO),
+        pytest.warns(UserWarning, match=r"of the 359 test samples \(.*\) are among the 1258 the checkpoint"),
+    ):
+        evaluate(eval_cfg(f"ckpt_path={result.best_checkpoint}", "data.split_seed=0", *quiet))
+    assert "data: as given, not the run's (data.split_seed: 1 -> 0)" in caplog.text
+    assert json.loads((eval_dir / SUMMARY_FILE).read_text())["test_samples_seen_in_training"] > 200
+
+
+def test_checkpoints_are_picked_by_val_acc_and_the_summary_shows_best_and_last(
+    train_cfg, run_dir: Path
+) -> None:
+    result = train(train_cfg(*TINY, "trainer.max_epochs=3"))
+    callback = result.trainer.checkpoint_callback
+    assert (callback.monitor, callback.mode) == ("val/acc", "max")
+    assert result.metrics["val/acc@best"] == pytest.approx(float(callback.best_model_score))
+    assert {"val/loss@best", "val/acc", "val/loss"} <= set(result.metrics)  # best and last side by side
+    facts = json.loads((run_dir / SUMMARY_FILE).read_text())
+    assert facts["metrics"]["val/acc@best"] == result.metrics["val/acc@best"]
+    # kept in the checkpoints, so that a resumed run still knows its best checkpoint's metrics
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]
+    state = next(v for k, v in saved.items() if k.startswith("ModelCheckpoint"))
+    assert state["best_metrics"] == {
+        k[: -len("@best")]: v for k, v in result.metrics.items() if k.endswith("@best")
+    }
 
 
 class StopAfterFirstEpoch(L.Callback):
@@ -281,4 +312,20 @@ def test_a_net_that_cannot_take_the_datas_shape_is_one_line_naming_both(train_cf
         train(train_cfg("data=synthetic", "data.shape=[40]", "data.num_samples=256", *QUIET))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "Traceback" not in err
-    assert "cannot take the inputs of data=" in err and "(shape [40])" in err and "conv2d" in err
+    assert "cannot take the inputs of data=synthetic (shape [40])" in err  # by the shapes cnn declares
+    assert "model.net cnn is built for inputs like (1, 8, 8), (3, 32, 32)" in err
+    with pytest.raises(SystemExit) as exit_:  # the declared rank, too small to pool: by a meta forward pass
+        train(train_cfg("data=synthetic", "data.shape=[3,1,1]", "data.num_samples=256", *QUIET))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert "cannot take the inputs of data=synthetic (shape [3, 1, 1])" in err and "too small" in err
+
+
+def test_a_sweep_cannot_drive_a_multi_process_trainer(train_cfg) -> None:
+    """`-m` with trainer=ddp_cpu: every rank would run its own sweep (test_cli.py has it end to end)."""
+    from lightspeed.train import refuse_multirun_with_ddp
+
+    refuse_multirun_with_ddp(train_cfg("trainer=ddp_cpu"))  # one run: fine
+    with pytest.raises(ConfigError, match=r"multirun \(-m\) cannot drive a multi-process trainer.strategy"):
+        refuse_multirun_with_ddp(train_cfg("trainer=ddp_cpu", "hydra.mode=MULTIRUN"))
+    refuse_multirun_with_ddp(train_cfg("trainer=cpu", "hydra.mode=MULTIRUN"))  # a sweep on one device: fine

@@ -1,26 +1,33 @@
-"""`python -m lightspeed.eval ckpt_path=...`: test a checkpoint on whatever device is here, and
-optionally write predictions (computed under inference mode, without autograd)."""
+"""`python -m lightspeed.eval ckpt_path=...`: test a checkpoint on whatever device is here, on the data its
+run was trained with, and optionally write predictions (computed under inference mode, without autograd)."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
 import json
+import re
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
-from omegaconf import DictConfig
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.compat import hooks
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, check_checkpoint_path, exit_on_config_error, validate_common
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
-from lightspeed.resilience import checkpoint
+from lightspeed.resilience import checkpoint, identity
+from lightspeed.resilience.identity import TRAIN_SAMPLES_KEY
 from lightspeed.run import build
 from lightspeed.run.entry import hydra_entry
 from lightspeed.speed import accel
+from lightspeed.speed.accel import LOADER_KNOBS
 
 
 def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
@@ -69,12 +76,15 @@ def run(cfg: DictConfig) -> dict[str, float]:
         # the model to whatever device this run uses. weights_only: loading never executes code.
         with checkpoint.loading(ckpt):
             model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
+            stored = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)  # its other parts
         reason = checkpoint.problem(ckpt)  # it loads: is it sound? (a NaN model scores as if it were)
         if reason is not None:
             raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
         hooks.speed_up_module(model)
+        use_run_data(cfg, stored, ckpt)
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
+        seen = seen_in_training(dm, stored.get(TRAIN_SAMPLES_KEY))
         accel.apply_to_model(cfg, model)
         trainer = build.trainer(cfg)
         accel.report_idle(idle, accel.device_type(cfg))
@@ -93,11 +103,64 @@ def run(cfg: DictConfig) -> dict[str, float]:
             "checkpoint": ckpt,
             "run_dir": run_dir,
             "predictions": predictions,
+            "test_samples_seen_in_training": seen,
             "config": build.plain_config(cfg),
         },
         metrics,
     )
     return metrics
+
+
+def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> None:
+    """Evaluate on the data the run was trained with: its data config, as saved in the checkpoint, with
+    this machine's loader settings. Data given on the command line (`data=...`, `data.x=...`) wins, with a
+    line naming what differs from the run's; `conf/data/` edited since the run changes nothing (a changed
+    split would put training samples into the test set, and inflate the figures)."""
+    run_data = ((stored.get("identity") or {}).get("config") or {}).get("data")
+    composed = identity.of(cfg).get("data") or {}
+    if not isinstance(run_data, dict):
+        rank_zero_warn(
+            f"{ckpt} holds no data config (saved before Lightspeed kept one): evaluating on the data as "
+            "composed; pass the data it was trained on (data=...)"
+        )
+        return
+    diffs = identity.differences({"data": run_data}, {"data": composed})
+    if _overridden("data"):
+        if diffs:
+            rank_zero_info(f"data: as given, not the run's ({identity.describe(diffs)})")
+        return
+    if diffs:
+        rank_zero_info(
+            f"data: the run's own, as saved in {ckpt.name} (conf/data differs: {identity.describe(diffs)}); "
+            "pass data=... to evaluate on other data"
+        )
+    loader = {k: cfg.data[k] for k in LOADER_KNOBS if k in cfg.data}  # this machine's, from the accel preset
+    with open_dict(cfg):
+        cfg.data = OmegaConf.merge(OmegaConf.create(run_data), loader)
+
+
+def _overridden(group: str) -> bool:
+    """Whether the command line set `group` or a key under it."""
+    if not HydraConfig.initialized():
+        return False
+    return any(re.match(rf"[+~]*{group}([.=@]|$)", o) for o in HydraConfig.get().overrides.task)
+
+
+def seen_in_training(dm: L.LightningDataModule, trained_on: torch.Tensor | None) -> int | None:
+    """How many test samples the checkpoint was trained on (warned about: its figures are inflated), from
+    the sample ids it keeps; None when the checkpoint or the DataModule has none."""
+    if trained_on is None or not isinstance(dm, ArrayDataModule):
+        return None
+    dm.setup("test")
+    test = dm.sample_ids["test"]
+    seen = int(torch.isin(test, trained_on).sum())
+    if seen:
+        rank_zero_warn(
+            f"{seen} of the {len(test)} test samples ({seen / len(test):.1%}) are among the "
+            f"{len(trained_on)} the checkpoint was trained on: its test figures are inflated; evaluate on "
+            "the run's own data (no data overrides) or on other samples"
+        )
+    return seen
 
 
 def _check_fits(hparams: dict, dm: ArrayDataModule) -> None:

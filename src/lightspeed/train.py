@@ -137,6 +137,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
                     f"nothing left to train: {ckpt_path} had already finished; testing its best checkpoint "
                     "again (run_name=<new name> trains a new run)"
                 )
+        # The last validation's metrics are the run's (and last.ckpt's); the best checkpoint's, beside them.
+        metrics |= {f"{k}@best": v for k, v in getattr(ckpt, "best_metrics", {}).items() if best}
         tested = cfg.get("test_after_fit", True)
         if tested:
             # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.

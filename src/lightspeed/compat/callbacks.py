@@ -43,6 +43,21 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
 
     _save_after_validation = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The validation metrics (`val/...`) of the best checkpoint, as it was saved: a summary can show
+        #: the best checkpoint's accuracy and loss beside the last one's, whichever metric picked it.
+        self.best_metrics: dict[str, float] = {}
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        if self.monitor and filepath == self.best_model_path:  # Lightning names the new best, then saves it
+            metrics = trainer.callback_metrics.items()
+            self.best_metrics = {k: float(v) for k, v in metrics if k.startswith("val/")}
+        super()._save_checkpoint(trainer, filepath)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_metrics": self.best_metrics}
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -89,6 +104,7 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
         absolute paths: test the old folder's best checkpoint (or fail on it, gone), and write last-v1.ckpt
         beside last.ckpt."""
         super().load_state_dict(_moved(state_dict, self.dirpath))
+        self.best_metrics = dict(state_dict.get("best_metrics") or {})
 
     def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:
         """Lightning warns when the folder holds checkpoints; a run's own folder does whenever it resumes

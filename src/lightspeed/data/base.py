@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from abc import abstractmethod
 from typing import Any
@@ -25,6 +26,26 @@ from lightspeed.data.device_loader import (
     WholeBatches,
     whole_batch,
 )
+
+#: The splits of every data set; `load_arrays` may give any of them, the rest are drawn from `train`.
+SPLITS = ("train", "val", "test")
+
+#: (inputs, labels) of a split.
+Arrays = tuple[Tensor, Tensor]
+
+
+def sample_ids(x: Tensor) -> Tensor:
+    """A 64-bit hash of each sample's raw input (int64 (N,)): which samples a run trained on, kept in its
+    checkpoints, so that an evaluation can say when its test set holds some of them."""
+    rows = x.reshape(len(x), -1).contiguous().numpy()
+    return torch.tensor(
+        [
+            int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little", signed=True)
+            for row in rows
+        ],
+        dtype=torch.int64,
+    )
+
 
 #: Device-resident data may take at most this share of the device's free memory: the rest is for
 #: weights, optimizer state and activations.
@@ -114,35 +135,39 @@ class ArrayDataModule(L.LightningDataModule):
         self.split_seed = split_seed
         self.normalize = normalize
         self.splits: dict[str, TensorDataset] = {}
+        self.sample_ids: dict[str, Tensor] = {}  # per split, see `sample_ids`
         self._device_splits: dict[str, tuple[Tensor, Tensor]] = {}
         self._train_loader: Position | None = None  # its position is saved in checkpoints
         self._train_position: dict[str, Any] | None = None  # restored from a checkpoint
         self._on_device_decision: bool | None = None
 
     @abstractmethod
-    def load_arrays(self) -> tuple[Tensor, Tensor]:
-        """All samples as (inputs float32 (N, *input_shape), labels int64 (N,))."""
+    def load_arrays(self) -> Arrays | dict[str, Arrays]:
+        """The samples as (inputs float32 (N, *input_shape), labels int64 (N,)): all of them, split here
+        at random; or named splits kept as given, `{"train": ..., "test": ...}` (an official test split),
+        where a missing `val` or `test` is drawn at random from `train` (`val_fraction`, `test_fraction`
+        of its samples)."""
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        x, y = self.load_arrays()
-        n = len(x)
-        n_val, n_test = round(n * self.val_fraction), round(n * self.test_fraction)
-        n_train = n - n_val - n_test
-        if min(n_train, n_val, n_test) < 1:
-            raise ConfigError(
-                f"data.val_fraction={self.val_fraction} and data.test_fraction={self.test_fraction} leave an "
-                f"empty split of {n} samples (train {n_train}, val {n_val}, test {n_test}): "
-                "change the fractions"
+        loaded = self.load_arrays()
+        given = dict(loaded) if isinstance(loaded, dict) else {"train": loaded}
+        unknown = set(given) - set(SPLITS)
+        if "train" not in given or unknown:
+            raise ValueError(
+                f"{type(self).__name__}.load_arrays returned splits {sorted(given)}: name them "
+                f"{', '.join(SPLITS)} (train is required)"
             )
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
-        parts = dict(zip(("train", "val", "test"), order.split([n_train, n_val, n_test]), strict=True))
+        parts = self._draw_missing_splits(given)
+        # Before normalisation: a sample's identity is its raw input, whatever the statistics.
+        self.sample_ids = {name: sample_ids(x) for name, (x, _) in parts.items()}
         if self.normalize:
-            train_x = x[parts["train"]]
-            x = (x - train_x.mean()) / train_x.std().clamp_min(1e-8)
-        self.splits = {name: TensorDataset(x[idx].contiguous(), y[idx]) for name, idx in parts.items()}
-        per_rank = n_train // self._ranks()[1]
+            train_x = parts["train"][0]
+            mean, std = train_x.mean(), train_x.std().clamp_min(1e-8)
+            parts = {name: ((x - mean) / std, y) for name, (x, y) in parts.items()}
+        self.splits = {name: TensorDataset(x.contiguous(), y) for name, (x, y) in parts.items()}
+        per_rank = len(self.splits["train"]) // self._ranks()[1]
         overfit = self.trainer is not None and self.trainer.overfit_batches > 0  # unshuffled: nothing dropped
         if stage in (None, "fit") and self.drop_last and not overfit and self.batch_size > per_rank:
             raise ConfigError(
@@ -150,6 +175,27 @@ class ArrayDataModule(L.LightningDataModule):
                 "rank: with data.drop_last=true not one batch would train; lower data.batch_size, or set "
                 "data.drop_last=false"
             )
+
+    def _draw_missing_splits(self, given: dict[str, Arrays]) -> dict[str, Arrays]:
+        """`val` and `test` where `load_arrays` did not give them: drawn from `train` by `split_seed` alone,
+        so they are the same on every rank and in every rerun."""
+        missing = [name for name in ("val", "test") if name not in given]
+        x, y = given["train"]
+        n = len(x)
+        fractions = {"val": self.val_fraction, "test": self.test_fraction}
+        sizes = {name: round(n * fractions[name]) for name in missing}
+        n_train = n - sum(sizes.values())
+        counts = {"train": n_train, **sizes, **{k: len(v[0]) for k, v in given.items() if k != "train"}}
+        if min(counts.values()) < 1:
+            drawn = " and ".join(f"data.{name}_fraction={fractions[name]}" for name in missing)
+            raise ConfigError(
+                f"{drawn} leave an empty split of {n} samples "
+                f"({', '.join(f'{k} {v}' for k, v in counts.items())}): change the fractions"
+            )
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
+        drawn_idx = dict(zip(("train", *missing), order.split([n_train, *sizes.values()]), strict=True))
+        parts = {name: (x[idx], y[idx]) for name, idx in drawn_idx.items()}
+        return {name: parts[name] if name in parts else given[name] for name in SPLITS}
 
     # --- where the batches come from -------------------------------------------------------------
 

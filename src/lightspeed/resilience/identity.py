@@ -25,6 +25,10 @@ from lightspeed import CONF_DIR, __version__
 
 RECORD_FILE = "run.json"
 
+#: Where a checkpoint keeps the ids of the samples its run trained on (int64, one per sample; see
+#: `lightspeed.data.base.sample_ids`), so that an evaluation can tell when its test set holds some.
+TRAIN_SAMPLES_KEY = "train_samples"
+
 #: Keys that say where a run lives, how it starts, or how it is watched and fed, not what it computes:
 #: left out of the identity, so that changing them continues the same run. (Loader settings change
 #: speed, not batches: both loaders serve the same order.)
@@ -176,7 +180,8 @@ def code_commit() -> dict[str, Any]:
 
 class RunIdentity(L.Callback):
     """Stores the run's identity in every checkpoint (`checkpoint["identity"]`), so that auto-resume takes
-    only the checkpoints this run wrote, and a checkpoint names the settings it was trained with."""
+    only the checkpoints this run wrote, and a checkpoint names the settings (its data config included) and
+    the samples (`TRAIN_SAMPLES_KEY`, where the DataModule has `sample_ids`) it was trained with."""
 
     def __init__(self, ident: dict[str, Any]) -> None:
         self.ident = ident
@@ -185,6 +190,9 @@ class RunIdentity(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         checkpoint["identity"] = {"digest": digest(self.ident), "config": self.ident}
+        ids = getattr(trainer.datamodule, "sample_ids", None)
+        if isinstance(ids, dict) and ids.get("train") is not None:
+            checkpoint[TRAIN_SAMPLES_KEY] = ids["train"]
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

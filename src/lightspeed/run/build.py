@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightspeed.compat import hooks
 from lightspeed.compat.callbacks import ModelCheckpoint
 from lightspeed.core.config import ConfigError, MonitorCheck, check_node
+from lightspeed.models import nets
 from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.exact_resume import ExactResume
@@ -90,10 +91,10 @@ def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
             f"data: {type(dm).__name__} has no {' and no '.join(missing)}: the model is built from them; "
             "set them as attributes of your DataModule (e.g. num_classes = 10, input_shape = (1, 28, 28))"
         )
+    check_inputs_fit(cfg, dm)
     module = instantiate(
         cfg.model, "model", num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
     )
-    _check_inputs_fit(cfg, dm)
     hooks.speed_up_module(module)
     return module
 
@@ -102,11 +103,15 @@ def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
 _SHAPE_ERROR = re.compile(r"shape|size|dimension|[Ee]xpected .*input", re.IGNORECASE)
 
 
-def _check_inputs_fit(cfg: DictConfig, dm: L.LightningDataModule) -> None:
+def check_inputs_fit(cfg: DictConfig, dm: L.LightningDataModule) -> None:
     """One forward pass of a copy of the model on PyTorch's meta device (shapes, no data, no memory): a
     net that cannot take the data's input shape (a 1D data set with the 2D default CNN) is one line
     naming both, not a traceback from the first training step."""
     shape = list(dm.input_shape)
+    net = OmegaConf.select(cfg, "model.net.name", default=None)
+    declared = getattr(nets.find(net), "example_input_shapes", None)
+    if declared and all(len(d) != len(shape) for d in declared):  # a 1D net for 2D images, say
+        _refuse(shape, f"model.net {net} is built for inputs like {', '.join(map(str, declared))}")
     try:
         with torch.device("meta"):
             probe = _instantiate(cfg.model, num_classes=dm.num_classes, input_shape=shape, _convert_="all")
@@ -119,14 +124,18 @@ def _check_inputs_fit(cfg: DictConfig, dm: L.LightningDataModule) -> None:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if not _SHAPE_ERROR.search(first):
             return  # not about shapes (an op the meta device lacks): training will tell
-        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-        model, data = choices.get("model", "the model"), choices.get("data", "the data")
-        raise ConfigError(
-            f"model={model} cannot take the inputs of data={data} (shape {shape}): {first}; choose a model "
-            "for this data (model=...), or a net that takes its input_shape"
-        ) from None
+        _refuse(shape, first)
     except Exception:
         pass
+
+
+def _refuse(shape: list[int], why: str) -> None:
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    model, data = choices.get("model", "the model"), choices.get("data", "the data")
+    raise ConfigError(
+        f"model={model} cannot take the inputs of data={data} (shape {shape}): {why}; choose a model "
+        "for this data (model=...), or a net that takes its input_shape"
+    ) from None
 
 
 def _group(cfg: DictConfig | None, group: str) -> list[Any]:

@@ -1,5 +1,7 @@
 """The nets a model can use, by name: a file in this folder that decorates its class with
-`@register("name")` is found automatically; `model.net.name=<name>` selects it.
+`@register("name")` is found automatically; `model.net.name=<name>` selects it. Each net says which
+input shapes it is built for in a class attribute, `example_input_shapes` (e.g. `((1, 40),)` for one
+channel of 40 samples): the tests build and run every registered net on each of them.
 
 Nets are built from a name and plain keyword arguments, never from a `_target_` import path, so that
 loading a checkpoint (whose hyperparameters name the net) cannot import or run arbitrary code.
@@ -34,6 +36,12 @@ def register(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
 def _discover() -> None:
     for info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{info.name}")
+
+
+def find(name: Any) -> type[nn.Module] | None:
+    """The net registered as `name`, or None."""
+    _discover()
+    return NETS.get(name) if isinstance(name, str) else None
 
 
 def build_net(spec: dict[str, Any], input_shape: Sequence[int], num_classes: int) -> nn.Module:

@@ -21,6 +21,9 @@ def conv_bn(c_in: int, c_out: int) -> nn.Sequential:
 
 @register("cnn")
 class CNN(nn.Module):
+    #: Input shapes it is built for (C, H, W), any size: the tests build and run it on each.
+    example_input_shapes = ((1, 8, 8), (3, 32, 32))
+
     def __init__(
         self,
         input_shape: Sequence[int],

@@ -12,6 +12,9 @@ from lightspeed.models.nets import register
 
 @register("mlp")
 class MLP(nn.Module):
+    #: Input shapes it is built for (any: it flattens): the tests build and run it on each.
+    example_input_shapes = ((1, 8, 8), (3, 32, 32), (1, 40))
+
     def __init__(
         self,
         input_shape: Sequence[int],

@@ -31,6 +31,9 @@ class BasicBlock(nn.Module):
 
 @register("resnet")
 class ResNet(nn.Module):
+    #: Input shapes it is built for (C, H, W): the tests build and run it on each.
+    example_input_shapes = ((3, 32, 32), (1, 8, 8))
+
     def __init__(
         self,
         input_shape: Sequence[int],

@@ -1,0 +1,94 @@
+"""Driven by what is registered, never by a list: every option in conf/, every registered net on the input
+shapes it declares. A data set, net or experiment you add is composed, built and trained for one batch
+here with nothing to edit (tests/test_guide.py adds some in a copy of the project and runs this file)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import TINY
+from lightspeed import CONF_DIR
+from lightspeed.core.config import ConfigError
+from lightspeed.models.nets import NETS, _discover, build_net
+from lightspeed.run import build
+from lightspeed.run.entry import compose_config
+from lightspeed.testing import assert_device_agnostic
+from lightspeed.train import train
+
+_discover()
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
+QUIET = [o for o in TINY if "batches" not in o and "max_epochs" not in o]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def defaults_first(group: str) -> list[str]:
+    """The group's options, the one `conf/train.yaml` picks first."""
+    default = OmegaConf.load(CONF_DIR / "train.yaml").defaults
+    chosen = [d[group] for d in default if isinstance(d, dict) and group in d]
+    return sorted(options(group), key=lambda o: o not in chosen)
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes(train_cfg, group: str, option: str) -> None:
+    cfg = train_cfg(f"{group}={option}")
+    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    if group in ("data", "model", "trainer"):
+        assert "_target_" in cfg[group]
+
+
+def fits(tmp_path, data: str, model: str) -> bool:
+    """Whether the model option's net takes the data option's input shape (a forward pass on the meta
+    device, as `make train` checks before training)."""
+    cfg = compose_config("train", [f"data={data}", f"model={model}"], tmp_path)
+    try:
+        build.check_inputs_fit(cfg, build.datamodule(cfg))
+    except ConfigError:
+        return False
+    return True
+
+
+def partner(tmp_path, group: str, option: str) -> list[str]:
+    """What a data or model option trains with: the first option of the other group whose shapes fit (a
+    1D data set with a 1D net), the default first."""
+    if group == "experiment":
+        return []  # an experiment names its own
+    other = "model" if group == "data" else "data"
+    pairs = ((option, o) if group == "data" else (o, option) for o in defaults_first(other))
+    found = next((pair for pair in pairs if fits(tmp_path, *pair)), None)
+    assert found is not None, f"no {other} option fits {group}={option}: add one that takes its input shape"
+    return [f"data={found[0]}", f"model={found[1]}"]
+
+
+@pytest.mark.parametrize("choice", [f"{g}={o}" for g in ("data", "model", "experiment") for o in options(g)])
+def test_every_data_set_model_and_experiment_trains_one_batch(train_cfg, tmp_path, choice: str) -> None:
+    group, option = choice.split("=")
+    result = train(train_cfg(choice, *partner(tmp_path / "pair", group, option), "debug=fdr", *QUIET))
+    assert result.trainer.global_step == 1  # fast_dev_run: one optimizer step
+    assert result.best_checkpoint is None  # ... and no checkpoints
+    assert {"test/acc", "test/loss"} <= set(result.metrics)
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+
+
+def declared(name: str) -> list[tuple[int, ...] | None]:
+    return list(getattr(NETS[name], "example_input_shapes", None) or [None])
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        pytest.param(n, s, id=f"{n}-{'x'.join(map(str, s or ['undeclared']))}")
+        for n in sorted(NETS)
+        for s in declared(n)
+    ],
+)
+def test_every_net_maps_its_declared_inputs_to_class_scores_on_any_device(name: str, shape) -> None:
+    assert shape is not None, f"net {name!r}: declare example_input_shapes, the input shapes it is built for"
+    net = build_net({"name": name}, shape, num_classes=7)
+    assert net(torch.randn(5, *shape)).shape == (5, 7)
+    assert_device_agnostic(build_net({"name": name}, shape, num_classes=7), shape)
