@@ -134,14 +134,20 @@ class SlowLoader:
 
 
 class SlowDigits(DigitsDataModule):
-    """Digits whose training batches take `delay` seconds each to arrive (on `CLOCK` if `virtual`)."""
+    """Digits whose training batches take `delay` seconds each to arrive, and validation batches
+    `val_delay` (on `CLOCK` if `virtual`)."""
 
-    def __init__(self, delay: float = 0.02, virtual: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, delay: float = 0.02, virtual: bool = False, val_delay: float = 0.0, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
-        self.delay, self.virtual = delay, virtual
+        self.delay, self.virtual, self.val_delay = delay, virtual, val_delay
 
     def train_dataloader(self) -> Any:
         return SlowLoader(super().train_dataloader(), self.delay, self.virtual)
+
+    def val_dataloader(self) -> Any:
+        return SlowLoader(super().val_dataloader(), self.val_delay, self.virtual)
 
 
 class Fault(L.Callback):

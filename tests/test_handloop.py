@@ -32,11 +32,12 @@ def test_the_hand_loop_imports_no_lightning() -> None:
     assert "lightspeed.data.augment" in imported  # the same on-device augmentation as the presets
 
 
-@pytest.mark.parametrize("on_device", [True, False])
-def test_the_hand_loop_trains_and_reports_its_timing(on_device: bool) -> None:
+@pytest.mark.parametrize(("on_device", "shape"), [(True, (1, 8, 8)), (False, (1, 8, 8)), (True, (1, 40))])
+def test_the_hand_loop_trains_and_reports_its_timing(on_device: bool, shape: tuple[int, ...]) -> None:
+    """Images and a 1D signal (the image augmentation is for images only, as in the DataModule)."""
     torch.manual_seed(0)
-    x, y = torch.randn(200, 1, 8, 8), torch.randint(0, 4, (200,))
-    x += y.view(-1, 1, 1, 1).float()  # learnable
+    x, y = torch.randn(200, *shape), torch.randint(0, 4, (200,))
+    x += y.view(-1, *[1] * len(shape)).float()  # learnable
     settings = handloop.Settings(
         device="cpu",
         batch_size=32,
@@ -46,9 +47,9 @@ def test_the_hand_loop_trains_and_reports_its_timing(on_device: bool) -> None:
         steps=30,
         warmup=4,
         on_device=on_device,
-        augment={"crop_padding": 1},
+        augment={"crop_padding": 1, "flip": True},
     )
-    net = build_net({"name": "mlp", "hidden": [32]}, [1, 8, 8], 4)
+    net = build_net({"name": "mlp", "hidden": [32]}, list(shape), 4)
     first = torch.nn.functional.cross_entropy(net(x), y).item()
     r = handloop.train(net, x, y, settings)
     assert r["timed_steps"] == 30 and r["warmup_steps"] == 4 and r["recompiles"] == 0

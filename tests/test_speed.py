@@ -34,6 +34,11 @@ KEYS = {
     "peak_flops",
     "mfu",
     "diagnosis",
+    "fit_seconds_after_warmup",
+    "validation_seconds",
+    "epoch_end_seconds",
+    "validations",
+    "batches_per_epoch",
 }
 
 
@@ -57,8 +62,8 @@ def test_report_is_consistent_with_what_ran(train_cfg, run_dir: Path) -> None:
     assert "speed/samples_per_s" in metrics.splitlines()[0]  # the same numbers reach the logger
 
 
-def test_data_wait_diagnosis_fires_on_slow_data(train_cfg, run_dir: Path, caplog, monkeypatch) -> None:
-    """On a controlled clock: each batch takes 10 s to arrive (no real waiting), whatever the load."""
+def _on_a_controlled_clock(train_cfg, run_dir: Path, caplog, monkeypatch, *delays: str) -> dict:
+    """A small run of digits whose batches take `delays` virtual seconds to arrive: its speed.json."""
     import probes
 
     monkeypatch.setattr("lightspeed.speed.report.time", probes.CLOCK)
@@ -67,17 +72,38 @@ def test_data_wait_diagnosis_fires_on_slow_data(train_cfg, run_dir: Path, caplog
             train_cfg(
                 *TINY,
                 "data._target_=probes.SlowDigits",
-                "+data.delay=10",
+                *delays,
                 "+data.virtual=true",
                 "model=mlp",
                 "callbacks.speed_report.warmup_steps=1",
                 "test_after_fit=false",
             )
         )
-    r = speed_of(run_dir)
+    return speed_of(run_dir)
+
+
+def test_data_wait_diagnosis_fires_on_slow_data(train_cfg, run_dir: Path, caplog, monkeypatch) -> None:
+    """On a controlled clock: each batch takes 10 s to arrive (no real waiting), whatever the load."""
+    r = _on_a_controlled_clock(train_cfg, run_dir, caplog, monkeypatch, "+data.delay=10")
     assert r["data_wait_share"] > 0.95
     notes = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("speed: data loading")]
     assert len(notes) == 1 and "data.num_workers" in notes[0] and "data.on_device" in notes[0]
+
+
+def test_validation_and_epoch_ends_are_timed_and_named_when_they_take_the_fit(
+    train_cfg, run_dir: Path, caplog, monkeypatch
+) -> None:
+    """On a controlled clock: each validation batch takes 10 s (no real waiting), training batches none.
+    The fit after warm-up is the timed steps, validation and the epoch ends (checkpoint saves)."""
+    _on_a_controlled_clock(train_cfg, run_dir, caplog, monkeypatch, "+data.delay=0", "+data.val_delay=10")
+    r = speed_of(run_dir)
+    assert r["validations"] == 2 and r["validation_seconds"] >= 2 * 2 * 10  # 2 epochs of 2 val batches
+    assert r["batches_per_epoch"] == 5 and r["epoch_end_seconds"] >= 0
+    parts = r["train_seconds"] + r["validation_seconds"] + r["epoch_end_seconds"]
+    assert parts == pytest.approx(r["fit_seconds_after_warmup"])
+    notes = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("speed: validation")]
+    assert len(notes) == 1 and "for epochs of 5 batches" in notes[0]
+    assert "trainer.check_val_every_n_epoch=N" in notes[0]
 
 
 def test_data_wait_diagnosis_stays_quiet_on_fast_data(train_cfg, run_dir: Path, caplog) -> None:

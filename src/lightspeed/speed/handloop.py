@@ -124,9 +124,9 @@ def train(net: nn.Module, x: Tensor, y: Tensor, s: Settings) -> dict[str, Any]:
     def step() -> tuple[Tensor, int]:
         nonlocal correct
         xb, yb = next(data)
-        if s.augment.get("crop_padding"):
+        if s.augment.get("crop_padding") and xb.dim() == 4:  # images only, as the DataModule does
             xb = random_crop(xb, int(s.augment["crop_padding"]))
-        if s.augment.get("flip"):
+        if s.augment.get("flip") and xb.dim() == 4:
             xb = random_flip(xb)
         if s.channels_last:
             xb = xb.contiguous(memory_format=torch.channels_last)

@@ -27,6 +27,9 @@ from lightspeed.speed.steady import settled
 
 SPEED_FILE = "speed.json"
 
+#: A note names validation and checkpoints when they take more than this share of the fit after warm-up.
+OUTSIDE_STEPS_WARN = 0.3
+
 
 class SpeedReport(L.Callback):
     """Samples/s, step time (median, p95), the share of time spent waiting for data, peak memory,
@@ -65,6 +68,11 @@ class SpeedReport(L.Callback):
         self._warmed_after: int | None = None  # steps before the first timed one
         self._warm_times_origin = 0.0
         self.warmup_seconds: float | None = None  # from the first batch to the first timed one
+        self._timed_from: float | None = None  # when the warm-up ended
+        self._validation_from: float | None = None
+        self.validation_seconds = 0.0  # validation inside fit, after the warm-up
+        self.validations = 0
+        self._fit_seconds: float | None = None
 
     # --- timing -----------------------------------------------------------------------------------
 
@@ -104,7 +112,8 @@ class SpeedReport(L.Callback):
             if (auto and settled(self._warm_times)) or (not auto and self._seen >= int(self.warmup_steps)):
                 self._warmed_after = self._seen
                 self._sync(trainer)
-                self.warmup_seconds = time.perf_counter() - self._warm_times_origin
+                self._timed_from = time.perf_counter()
+                self.warmup_seconds = self._timed_from - self._warm_times_origin
         if self._warmed_after is not None and self._clock is None:
             # the warm-up ends, or training resumes after validation and the checkpoint saves that follow it
             self._start_clock(trainer)
@@ -131,12 +140,23 @@ class SpeedReport(L.Callback):
         if trainer.state.fn == "fit":  # validation inside fit is not training time
             self._stop_clock(trainer)
             self._prev_end = None
+            if self._timed_from is not None:
+                self._validation_from = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Checkpoint callbacks run after this one (Lightning calls them last): their saves are not in it.
+        if self._validation_from is not None:
+            self._sync(trainer)
+            self.validation_seconds += time.perf_counter() - self._validation_from
+            self._validation_from = None
+            self.validations += 1
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._prev_end = None  # a new epoch's first batch waits for the iterator to be made: not counted
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop_clock(trainer)
+        self._fit_seconds = time.perf_counter() - self._timed_from if self._timed_from is not None else None
         self.report = self._compute(trainer)
         self._publish(trainer)
 
@@ -168,6 +188,17 @@ class SpeedReport(L.Callback):
             "threads_per_process": torch.get_num_threads(),
             "usable_cpus": device_facts.cpu_count(),
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            # The fit after the warm-up: the timed steps, validation, and the rest (checkpoint saves and
+            # the other epoch-end work), which a plain loop that only trains does not do.
+            "fit_seconds_after_warmup": self._fit_seconds,
+            "validation_seconds": self.validation_seconds,
+            "epoch_end_seconds": (
+                max(0.0, self._fit_seconds - self.train_seconds - self.validation_seconds)
+                if self._fit_seconds is not None
+                else None
+            ),
+            "batches_per_epoch": _batches_per_epoch(trainer),
+            "validations": self.validations,
         }
         if dev.type == "cuda":
             report["peak_allocated_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
@@ -202,6 +233,19 @@ class SpeedReport(L.Callback):
                 f"{r['devices']} process(es) x {threads} threads on {cpus} usable CPUs may be more than the "
                 f"machine has free; try OMP_NUM_THREADS={max(1, cpus // r['devices'] // 2)} or stop other "
                 "work"
+            )
+        fit, val, end = (
+            r.get("fit_seconds_after_warmup"),
+            r.get("validation_seconds"),
+            r.get("epoch_end_seconds"),
+        )
+        if fit and val is not None and end is not None and (val + end) / fit > OUTSIDE_STEPS_WARN:
+            each = (val + end) / max(1, r.get("validations") or 0) * 1e3
+            notes.append(
+                f"validation ({val / fit:.0%}) and checkpoint saves with the rest of the epoch end "
+                f"({end / fit:.0%}) take {(val + end) / fit:.0%} of the fit after warm-up, {each:.0f} ms "
+                f"each time, for epochs of {r.get('batches_per_epoch')} batches: validate and save less "
+                "often (trainer.check_val_every_n_epoch=N) to train more in the same time"
             )
         if r["recompiles"]:
             notes.append(
@@ -263,6 +307,21 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _outside(r: dict[str, Any]) -> str:
+    fit, val, end = r["fit_seconds_after_warmup"], r["validation_seconds"], r["epoch_end_seconds"]
+    if not fit or end is None:
+        return "n/a"
+    return (
+        f"validation {val:.2f} s ({val / fit:.0%}), checkpoints and epoch ends {end:.2f} s ({end / fit:.0%}) "
+        f"of the {fit:.2f} s after warm-up"
+    )
+
+
+def _batches_per_epoch(trainer: L.Trainer) -> int | None:
+    batches = trainer.num_training_batches
+    return int(batches) if batches != float("inf") else None
+
+
 def _table(r: dict[str, Any]) -> Table:
     def fmt(value: Any, spec: str, unit: str = "") -> str:
         return "n/a" if value is None else f"{value:{spec}}{unit}"
@@ -290,6 +349,7 @@ def _table(r: dict[str, Any]) -> Table:
                 else ""
             ),
         ),
+        ("outside the steps", _outside(r)),
         ("FLOPs per batch", fmt(r["flops_per_batch"], ".3g")),
         ("recompiles", f"{r['recompiles']} during the timed steps"),
         ("MFU", fmt(r["mfu"], ".1%") + (" of dense peak" if r["mfu"] is not None else " (no peak figure)")),
