@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import LIMIT, REPO, run_module
+from lightspeed.core.config import ConfigError
+from lightspeed.run.entry import check_composes
 
 QUIET = [
     "trainer.num_sanity_val_steps=0",
@@ -36,14 +38,15 @@ def test_a_bad_value_fails_with_one_clear_line_and_exit_2(tmp_path: Path) -> Non
     assert not list(tmp_path.glob("train/runs/*/checkpoints"))  # nothing started
 
 
-def test_a_mistyped_key_is_named_with_the_fix(tmp_path: Path) -> None:
-    proc = run_module("lightspeed.train", "trainer.max_epoch=3", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert one_line_error(proc) == (
-        "error: trainer.max_epoch is not a setting: did you mean trainer.max_epochs? "
+def test_a_mistyped_key_is_named_with_the_fix() -> None:
+    """In process: the command line runs this check before Hydra starts (a CLI example: the tests above
+    and test_nothing_lost.py's folder names)."""
+    with pytest.raises(ConfigError) as err:
+        check_composes("train", ["trainer.max_epoch=3"])
+    assert str(err.value) == (
+        "trainer.max_epoch is not a setting: did you mean trainer.max_epochs? "
         "to add a key of your own: +trainer.max_epoch=3"
     )
-    assert "Traceback" not in proc.stderr and not (tmp_path / "logs").exists()
 
 
 @pytest.mark.slow
@@ -114,14 +117,18 @@ def test_multirun_with_in_process_ddp_is_refused_up_front(tmp_path: Path) -> Non
     assert not list(tmp_path.glob("**/*.ckpt"))
 
 
-def test_eval_without_a_training_run_says_what_to_do(tmp_path: Path) -> None:
-    proc = run_module("lightspeed.eval", f"paths.log_dir={tmp_path}", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "run `make train` first, or pass ckpt_path=" in one_line_error(proc)
+def test_eval_without_a_training_run_says_what_to_do(eval_cfg, tmp_path: Path, capsys) -> None:
+    """In process; eval's command line ends in one line and exit 2 in test_checkpoint.py."""
+    from lightspeed.eval import run as evaluate
+
+    with pytest.raises(SystemExit) as exit_:
+        evaluate(eval_cfg(f"paths.log_dir={tmp_path}"))
+    assert exit_.value.code == 2
+    assert "run `make train` first, or pass ckpt_path=" in capsys.readouterr().err
 
 
 def test_eval_of_a_missing_checkpoint_names_it(eval_cfg, tmp_path: Path, capsys) -> None:
-    """In process: the command line's path to this line is the test above's."""
+    """In process, as the test above."""
     from lightspeed.eval import run as evaluate
 
     with pytest.raises(SystemExit) as exit_:

@@ -1,10 +1,9 @@
-"""docs/guide.md, performed: its recipes copied out of the guide into a temporary copy of the project, the
-registry-driven tests run there (they must stay green and train the additions), then one run with the new
-data set, the new net and the changed precision."""
+"""docs/guide.md, performed: its recipes copied out of the guide into a temporary copy of the project; there,
+the registry-driven tests (they must stay green and train the additions) and one run with the new data
+set, the new net and the changed precision."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -30,13 +29,24 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     (project / "conf/data/waves.yaml").write_text(block("conf/data/waves.yaml", "yaml"))
     (project / "src/lightspeed/models/nets/conv1d.py").write_text(block("## Add a net", "python"))
     (project / "conf/model/conv1d.yaml").write_text(block("conf/model/conv1d.yaml", "yaml"))
+    preset = project / "conf/accel/default.yaml"
+    line = "  precision: auto "
+    assert preset.read_text().count(line) == 1, "the one line the guide changes"
+    preset.write_text(preset.read_text().replace(line, "  precision: bf16-mixed "))
+
     shutil.copytree(REPO / "tests", project / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", project)  # the same pytest settings
-    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path)}
+    (project / "tests/test_the_guide_s_run.py").write_text(GUIDE_RUN)
+    files = ["tests/test_registry.py", "tests/test_the_guide_s_run.py"]
     tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_registry.py", "-q", "-rA", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *files, "-q", "-rA", "-p", "no:cacheprovider"],
         cwd=project,
-        env={**env, "PYTHONPATH": f"{project / 'src'}:{project / 'tests'}"},  # the copy's code first
+        env={
+            "PATH": "/usr/bin:/bin",
+            "OMP_NUM_THREADS": "1",
+            "HOME": str(tmp_path),
+            "PYTHONPATH": f"{project / 'src'}:{project / 'tests'}",  # the copy's code first
+        },
         capture_output=True,
         text=True,
         timeout=300,
@@ -45,30 +55,22 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     passed = tests.stdout
     for added in ("[data=waves]", "[model=conv1d]", "[data-waves]", "[model-conv1d]", "[conv1d-1x40]"):
         assert re.search(rf"PASSED tests/test_registry.py::\w+{re.escape(added)}", passed), added
+    assert "PASSED tests/test_the_guide_s_run.py::test_make_train_data_waves_model_conv1d" in passed
 
-    preset = project / "conf/accel/default.yaml"
-    line = "  precision: auto "
-    assert preset.read_text().count(line) == 1, "the one line the guide changes"
-    preset.write_text(preset.read_text().replace(line, "  precision: bf16-mixed "))
 
-    run = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "lightspeed.train", "data=waves", "model=conv1d", "debug=limit"),
-            *(
-                "callbacks.rich_progress_bar=null",
-                "trainer.enable_progress_bar=false",
-                f"hydra.run.dir={run}",
-            ),
-        ],
-        cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(project / "src")},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
+#: `make train data=waves model=conv1d` in the copy, in process: the new data set and net, bf16-mixed.
+GUIDE_RUN = """
+import json
+
+from lightspeed.run.entry import compose_config
+from lightspeed.train import train
+
+
+def test_make_train_data_waves_model_conv1d(tmp_path):
+    quiet = ["callbacks.rich_progress_bar=null", "trainer.enable_progress_bar=false"]
+    result = train(compose_config("train", ["data=waves", "model=conv1d", "debug=limit", *quiet], tmp_path))
+    run = tmp_path / "train" / "runs" / "test"
     assert json.loads((run / "speed.json").read_text())["precision"] == "bf16-mixed"  # what the Trainer ran
-    # data=waves and model=conv1d exist only in the copy: its package (and so its conf/) is what ran
-    assert summary["config"]["model"]["net"]["name"] == "conv1d" and "test/acc" in summary["metrics"]
+    assert result.model.hparams["net"]["name"] == "conv1d" and "test/acc" in result.metrics
+    assert len(result.trainer.datamodule.splits["test"]) == 200  # the data set's own test split
+"""
