@@ -44,14 +44,23 @@ def _restore_torch_state() -> Iterator[None]:
 
 @pytest.fixture
 def train_cfg(tmp_path: Path) -> Compose:
-    """`train_cfg("model=mlp", ...)`: a composed train config; its run directory is `run_dir`."""
-    return lambda *overrides: compose_config("train", list(overrides), tmp_path / "logs")
+    """`train_cfg("model=mlp", ...)`: a composed train config; its run directory is `run_dir`; downloaded
+    data sets go to `tmp_path/data`, never into the checkout."""
+    return lambda *overrides: compose_config(
+        "train", [data_dir_override(tmp_path), *overrides], tmp_path / "logs"
+    )
 
 
 @pytest.fixture
 def eval_cfg(tmp_path: Path) -> Compose:
     """An eval config; its run directory is `eval_dir`, and `ckpt_path=latest` looks in `run_dir`'s logs."""
-    return lambda *overrides: compose_config("eval", list(overrides), tmp_path / "logs")
+    return lambda *overrides: compose_config(
+        "eval", [data_dir_override(tmp_path), *overrides], tmp_path / "logs"
+    )
+
+
+def data_dir_override(tmp_path: Path) -> str:
+    return f"paths.data_dir={tmp_path / 'data'}"
 
 
 @pytest.fixture

@@ -413,3 +413,22 @@ class PlainClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"], momentum=0.9)
+
+
+class Conv1DNet(torch.nn.Module):
+    """A user's 1D net: its constructor takes (C, L) and nothing else."""
+
+    example_input_shapes = ((1, 40),)
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        channels, _ = input_shape
+        self.layers = torch.nn.Sequential(
+            torch.nn.Conv1d(channels, 8, 5, padding=2),
+            torch.nn.AdaptiveAvgPool1d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)

@@ -57,6 +57,25 @@ def test_the_hand_loop_trains_and_reports_its_timing(on_device: bool, shape: tup
     assert math.isfinite(r["final_loss"]) and r["final_loss"] < first
 
 
+def test_the_hand_loop_scales_uint8_inputs_as_the_datamodule_does() -> None:
+    torch.manual_seed(0)
+    y = torch.randint(0, 4, (200,))
+    x = (torch.rand(200, 1, 8, 8) * 100 + y.view(-1, 1, 1, 1) * 40).to(torch.uint8)  # learnable bytes
+    settings = handloop.Settings(
+        device="cpu",
+        batch_size=32,
+        optimizer={"name": "AdamW", "lr": 0.01},
+        scheduler={"name": "none"},
+        schedule_steps=40,
+        steps=30,
+        warmup=4,
+        input_scale=(float(x.float().mean()), float(x.float().std())),
+    )
+    net = build_net({"name": "mlp", "hidden": [32]}, [1, 8, 8], 4)
+    r = handloop.train(net, x, y, settings)
+    assert math.isfinite(r["final_loss"]) and r["final_loss"] < 1.0  # scaled to floats on the way: it learns
+
+
 def test_a_hand_row_mirrors_its_preset(tmp_path: Path, monkeypatch) -> None:
     seen = {}
     real = handloop.train

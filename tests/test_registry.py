@@ -4,11 +4,15 @@ here with nothing to edit (tests/test_guide.py adds some in a copy of the projec
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
+from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from conftest import TINY
+from fakes import fake_downloads
 from lightspeed import CONF_DIR
 from lightspeed.core.config import ConfigError
 from lightspeed.models.nets import NETS, _discover, build_net
@@ -66,9 +70,15 @@ def partner(tmp_path, group: str, option: str) -> list[str]:
 
 
 @pytest.mark.parametrize("choice", [f"{g}={o}" for g in ("data", "model", "experiment") for o in options(g)])
-def test_every_data_set_model_and_experiment_trains_one_batch(train_cfg, tmp_path, choice: str) -> None:
+def test_every_data_set_model_and_experiment_trains_one_batch(
+    train_cfg, tmp_path, monkeypatch, choice: str
+) -> None:
+    """A data set that downloads (it has `remotes`) fetches small fakes of its files from a local server."""
     group, option = choice.split("=")
-    result = train(train_cfg(choice, *partner(tmp_path / "pair", group, option), "debug=fdr", *QUIET))
+    cfg = train_cfg(choice, *partner(tmp_path / "pair", group, option), "debug=fdr", *QUIET)
+    data_class = get_object(cfg.data._target_)
+    with fake_downloads(data_class, monkeypatch) if hasattr(data_class, "remotes") else nullcontext():
+        result = train(cfg)
     assert result.trainer.global_step == 1  # fast_dev_run: one optimizer step
     assert result.best_checkpoint is None  # ... and no checkpoints
     assert {"test/acc", "test/loss"} <= set(result.metrics)

@@ -312,13 +312,30 @@ def test_a_net_that_cannot_take_the_datas_shape_is_one_line_naming_both(train_cf
         train(train_cfg("data=synthetic", "data.shape=[40]", "data.num_samples=256", *QUIET))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "Traceback" not in err
-    assert "cannot take the inputs of data=synthetic (shape [40])" in err  # by the shapes cnn declares
-    assert "model.net cnn is built for inputs like (1, 8, 8), (3, 32, 32)" in err
-    with pytest.raises(SystemExit) as exit_:  # the declared rank, too small to pool: by a meta forward pass
+    assert "cannot take the inputs of data=synthetic (shape [40])" in err and "conv2d" in err  # meta forward
+    with pytest.raises(SystemExit) as exit_:  # images too small to pool, too
         train(train_cfg("data=synthetic", "data.shape=[3,1,1]", "data.num_samples=256", *QUIET))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "Traceback" not in err
     assert "cannot take the inputs of data=synthetic (shape [3, 1, 1])" in err and "too small" in err
+
+
+def test_a_net_that_cannot_be_built_for_the_datas_shape_is_named_by_the_shapes_it_declares(
+    train_cfg, monkeypatch, capsys
+) -> None:
+    """A 1D net whose constructor unpacks (C, L), given 8x8 digits: one line, no constructor traceback."""
+    from lightspeed.models.nets import NETS
+    from probes import Conv1DNet
+
+    monkeypatch.setitem(NETS, "conv1d_probe", Conv1DNet)
+    with pytest.raises(SystemExit) as exit_:
+        train(train_cfg("model.net.name=conv1d_probe", "~model.net.channels", "~model.net.dropout", *QUIET))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert "(shape [1, 8, 8]): model.net conv1d_probe is built for inputs like (1, 40)" in err
+    train(
+        train_cfg("model=mlp", "data=synthetic", "data.shape=[64]", "data.batch_size=32", *QUIET)
+    )  # any shape
 
 
 def test_a_sweep_cannot_drive_a_multi_process_trainer(train_cfg) -> None:

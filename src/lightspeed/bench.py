@@ -152,6 +152,7 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
         drop_last=bool(data.get("drop_last", True)),
         gradient_clip_val=cfg.trainer.get("gradient_clip_val"),
         augment=data.get("augment") or {},
+        input_scale=getattr(dm, "input_scale", None),
         seed=int(cfg.seed),
     )
     result = handloop.train(net, x, y, settings)

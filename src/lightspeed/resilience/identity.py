@@ -31,7 +31,8 @@ TRAIN_SAMPLES_KEY = "train_samples"
 
 #: Keys that say where a run lives, how it starts, or how it is watched and fed, not what it computes:
 #: left out of the identity, so that changing them continues the same run. (Loader settings change
-#: speed, not batches: both loaders serve the same order.)
+#: speed, not batches: both loaders serve the same order. Where a data set is kept and fetched from
+#: changes no byte of it: its files are verified against their published MD5s.)
 NOT_IDENTITY = (
     "hydra",
     "paths",
@@ -48,6 +49,8 @@ NOT_IDENTITY = (
     "data.prefetch_factor",
     "data.non_blocking",
     "data.on_device",
+    "data.data_dir",
+    "data.mirrors",
     "trainer.log_every_n_steps",
     "trainer.num_sanity_val_steps",
     "trainer.enable_progress_bar",

@@ -106,17 +106,18 @@ _SHAPE_ERROR = re.compile(r"shape|size|dimension|[Ee]xpected .*input", re.IGNORE
 def check_inputs_fit(cfg: DictConfig, dm: L.LightningDataModule) -> None:
     """One forward pass of a copy of the model on PyTorch's meta device (shapes, no data, no memory): a
     net that cannot take the data's input shape (a 1D data set with the 2D default CNN) is one line
-    naming both, not a traceback from the first training step."""
+    naming both, not a traceback from the first training step. A net that cannot even be built for the
+    shape (a 1D net given 2D images) is named by the input shapes it declares (`example_input_shapes`)."""
     shape = list(dm.input_shape)
-    net = OmegaConf.select(cfg, "model.net.name", default=None)
-    declared = getattr(nets.find(net), "example_input_shapes", None)
-    if declared and all(len(d) != len(shape) for d in declared):  # a 1D net for 2D images, say
-        _refuse(shape, f"model.net {net} is built for inputs like {', '.join(map(str, declared))}")
     try:
         with torch.device("meta"):
             probe = _instantiate(cfg.model, num_classes=dm.num_classes, input_shape=shape, _convert_="all")
-    except Exception:  # a model that cannot be built on the meta device (it loads weights, say): unchecked
-        return
+    except Exception:  # not for this shape, or not on the meta device (it loads weights, say)
+        net = OmegaConf.select(cfg, "model.net.name", default=None)
+        declared = getattr(nets.find(net), "example_input_shapes", None)
+        if declared and all(len(d) != len(shape) for d in declared):
+            _refuse(shape, f"model.net {net} is built for inputs like {', '.join(map(str, declared))}")
+        return  # unchecked: building it for real will tell
     try:
         with torch.no_grad():
             probe.eval()(torch.empty(2, *shape, device="meta"))

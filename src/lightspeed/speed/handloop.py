@@ -57,6 +57,7 @@ class Settings:
     drop_last: bool = True
     gradient_clip_val: float | None = None
     augment: dict[str, Any] = field(default_factory=dict)
+    input_scale: tuple[float, float] | None = None  # (mean, std) of uint8 inputs, applied on the device
     seed: int = 0
 
 
@@ -124,6 +125,8 @@ def train(net: nn.Module, x: Tensor, y: Tensor, s: Settings) -> dict[str, Any]:
     def step() -> tuple[Tensor, int]:
         nonlocal correct
         xb, yb = next(data)
+        if s.input_scale is not None and xb.dtype == torch.uint8:
+            xb = (xb.float() - s.input_scale[0]) / s.input_scale[1]
         if s.augment.get("crop_padding") and xb.dim() == 4:  # images only, as the DataModule does
             xb = random_crop(xb, int(s.augment["crop_padding"]))
         if s.augment.get("flip") and xb.dim() == 4:

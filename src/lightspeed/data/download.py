@@ -1,0 +1,162 @@
+"""Files fetched once into a data folder: from the first mirror that serves them whole, checked against the
+published MD5, written atomically (a temporary name, then a rename), so that an interrupted or corrupted
+download never leaves a file that a later run would load. Without a network, one line says which URLs
+failed and where to put the file by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import shutil
+import tarfile
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from lightspeed.core.config import ConfigError
+from lightspeed.data.base import ArrayDataModule
+
+#: Seconds without a byte from the server before a download attempt is given up.
+TIMEOUT = 30.0
+#: Attempts per mirror: a download cut short or failing its checksum is tried again once.
+ATTEMPTS = 2
+
+
+class DownloadError(ConfigError):
+    """A file could not be fetched whole and verified from any mirror (one line, exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A published file: its name, its MD5 as its publisher gives it, and the base URLs that serve it."""
+
+    filename: str
+    md5: str
+    mirrors: tuple[str, ...]
+
+    def urls(self, mirrors: Sequence[str] | None = None) -> list[str]:
+        return [base.rstrip("/") + "/" + self.filename for base in (mirrors or self.mirrors)]
+
+
+def md5_of(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(remote: Remote, folder: Path, mirrors: Sequence[str] | None = None) -> Path:
+    """`folder/<filename>`, verified; downloaded first unless a verified copy is there (put by hand, or by
+    an earlier run). `mirrors` replaces the remote's own base URLs (a local copy, a test server)."""
+    target = folder / remote.filename
+    if target.is_file():
+        found = md5_of(target)
+        if found == remote.md5:
+            return target
+        tried = [f"{target} (MD5 {found}, not the published {remote.md5})"]
+    else:
+        tried = []
+    folder.mkdir(parents=True, exist_ok=True)
+    part = folder / f".{remote.filename}.{os.getpid()}.part"
+    for url in remote.urls(mirrors):
+        for _ in range(ATTEMPTS):
+            try:
+                got = _download(url, part)
+            except (OSError, http.client.HTTPException) as err:  # URLError is an OSError
+                part.unlink(missing_ok=True)
+                tried.append(f"{url} ({_reason(err)})")
+                if not _worth_retrying(err):
+                    break
+                continue
+            if got == remote.md5:
+                os.replace(part, target)
+                return target
+            part.unlink()
+            tried.append(f"{url} (MD5 {got}, not the published {remote.md5})")
+    raise DownloadError(
+        f"could not fetch {remote.filename}: {'; '.join(tried)}; download it by hand from "
+        f"{remote.urls(mirrors)[0]} (MD5 {remote.md5}) and put it at {target}"
+    )
+
+
+def _download(url: str, part: Path) -> str:
+    """Stream `url` into `part`; the MD5 of what arrived. A body shorter than its Content-Length (the
+    connection dropped: http.client returns what came, silently) raises ConnectionError."""
+    digest = hashlib.md5(usedforsecurity=False)
+    received = 0
+    with urllib.request.urlopen(url, timeout=TIMEOUT) as response, part.open("wb") as out:
+        expected = response.length  # None without a Content-Length
+        while block := response.read(1 << 20):
+            digest.update(block)
+            out.write(block)
+            received += len(block)
+    if expected is not None and received < expected:
+        raise ConnectionError(f"cut off after {received} of {expected} bytes")
+    return digest.hexdigest()
+
+
+def _worth_retrying(err: BaseException) -> bool:
+    """A connection cut mid-file is tried again; a refusal (404, no route, no name) goes to the next
+    mirror at once."""
+    if isinstance(err, urllib.error.HTTPError):
+        return err.code >= 500
+    return not isinstance(err, urllib.error.URLError)
+
+
+def _reason(err: BaseException) -> str:
+    if isinstance(err, urllib.error.HTTPError):
+        return f"HTTP {err.code}"
+    if isinstance(err, urllib.error.URLError):
+        return str(err.reason)
+    return str(err) or type(err).__name__
+
+
+def extract(archive: Path, folder: Path, name: str) -> Path:
+    """`folder/<name>`, the tar archive's top folder `name`, extracted whole or not at all: into a
+    temporary folder, then renamed. Only regular files and folders are taken (no links, no paths that
+    leave the folder)."""
+    final = folder / name
+    if final.is_dir():
+        return final
+    tmp = folder / f".{name}.{os.getpid()}.extracting"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        if not (tmp / name).is_dir():
+            raise DownloadError(f"{archive} holds no folder {name}: delete it to download it again")
+        os.replace(tmp / name, final)
+    except (tarfile.TarError, EOFError, OSError) as err:
+        if final.is_dir():  # another process extracted it meanwhile
+            return final
+        raise DownloadError(f"{archive} cannot be extracted ({err}): delete it to fetch it again") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+class DownloadedDataModule(ArrayDataModule):
+    """An in-memory data set whose published files (`remotes`, by group) are fetched into `data_dir` in
+    `prepare_data` (one process per node, Lightning's rule) and verified again when read (`fetched`):
+    a file changed on disk since never trains."""
+
+    remotes: ClassVar[dict[str, tuple[Remote, ...]]] = {}
+
+    def __init__(self, data_dir: str, mirrors: Sequence[str] | None = None, **loader_args: Any) -> None:
+        super().__init__(**loader_args)
+        self.data_dir = Path(data_dir)
+        self.mirrors = list(mirrors) if mirrors else None
+
+    def prepare_data(self) -> None:
+        for group in self.remotes.values():
+            for remote in group:
+                self.fetched(remote)
+
+    def fetched(self, remote: Remote) -> Path:
+        return fetch(remote, self.data_dir, self.mirrors)

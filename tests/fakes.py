@@ -1,0 +1,128 @@
+"""A local HTTP server, and small files in the real formats of the data sets Lightspeed downloads (IDX
+gzip, the CIFAR-10 python tarball), so that download code is tested without a network."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import pickle
+import struct
+import tarfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+
+class Server(ThreadingHTTPServer):
+    """Serves `files` by name; `modes[name]`: `corrupt` (other bytes, always), `cut` (the first request
+    ends halfway through its Content-Length), `cut-always`, `missing` (404)."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.files: dict[str, bytes] = {}
+        self.modes: dict[str, str] = {}
+        self.served: Counter[str] = Counter()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+
+    def do_GET(self) -> None:
+        name = self.path.lstrip("/")
+        self.server.served[name] += 1
+        mode = self.server.modes.get(name)
+        if name not in self.server.files or mode == "missing":
+            self.send_error(404)
+            return
+        body = self.server.files[name]
+        if mode == "corrupt":
+            body = bytes([body[0] ^ 0xFF]) + body[1:]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if mode == "cut-always" or (mode == "cut" and self.server.served[name] == 1):
+            self.wfile.write(body[: len(body) // 2])
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serving() -> Iterator[Server]:
+    srv = Server()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    header = b"\0\0\x08" + bytes([array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def tarball(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, body in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    return out.getvalue()
+
+
+def cifar_batch(n: int, rng: np.random.Generator) -> bytes:
+    content = {
+        b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+        b"labels": rng.integers(0, 10, n).tolist(),
+    }
+    return pickle.dumps(content, protocol=2)  # as the published files: protocol 2, bytes keys
+
+
+def fake_file(filename: str, n_train: int = 256, n_test: int = 64, seed: int = 0) -> bytes:
+    """A small file in the format of the published `filename`: `n_train` or `n_test` samples."""
+    rng = np.random.default_rng(seed)
+    n = n_test if filename.startswith("t10k") else n_train
+    if filename.endswith("-images-idx3-ubyte.gz"):
+        return gzip.compress(idx_bytes(rng.integers(0, 256, (n, 28, 28))), mtime=0)
+    if filename.endswith("-labels-idx1-ubyte.gz"):
+        return gzip.compress(idx_bytes(rng.integers(0, 10, n)), mtime=0)
+    if filename == "cifar-10-python.tar.gz":
+        each = max(n_train, 640) // 5  # 5 batches, enough for conf/data/cifar10.yaml's batch of 256
+        files = {f"cifar-10-batches-py/data_batch_{i}": cifar_batch(each, rng) for i in range(1, 6)}
+        return tarball({**files, "cifar-10-batches-py/test_batch": cifar_batch(n_test, rng)})
+    raise ValueError(f"no fake for {filename}: add one to tests/fakes.py")
+
+
+@contextmanager
+def fake_downloads(cls: type, monkeypatch) -> Iterator[Server]:
+    """While inside: `cls` (a DataModule with `remotes`) fetches small fakes of its files from a local
+    server, their MD5s in place of the published ones."""
+    with serving() as server:
+        remotes = {}
+        for key, group in cls.remotes.items():
+            patched = []
+            for remote in group:
+                body = fake_file(remote.filename)
+                server.files[remote.filename] = body
+                md5 = hashlib.md5(body).hexdigest()
+                patched.append(dataclasses.replace(remote, md5=md5, mirrors=(server.url,)))
+            remotes[key] = tuple(patched)
+        monkeypatch.setattr(cls, "remotes", remotes)
+        yield server

@@ -1,0 +1,217 @@
+"""Downloads and file formats of the standard data sets, against a local HTTP server on 127.0.0.1 and
+small files in the real formats that the tests write themselves: nothing here reaches the network."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import get_object
+
+from fakes import Server, fake_downloads, fake_file, idx_bytes, serving, tarball
+from lightspeed.data import download
+from lightspeed.data.download import DownloadError, Remote, extract, fetch
+from lightspeed.data.formats import read_cifar_batch, read_idx
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with serving() as srv:
+        yield srv
+
+
+def remote_for(server: Server, name: str, body: bytes) -> Remote:
+    server.files[name] = body
+    return Remote(name, hashlib.md5(body).hexdigest(), (server.url,))
+
+
+BODY = bytes(range(256)) * 64
+
+
+def left_in(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_a_good_download_is_verified_kept_and_not_fetched_again(server: Server, tmp_path: Path) -> None:
+    remote = remote_for(server, "a.gz", BODY)
+    path = fetch(remote, tmp_path / "data")
+    assert path.read_bytes() == BODY and left_in(tmp_path / "data") == ["a.gz"]  # no partial file
+    assert fetch(remote, tmp_path / "data") == path and server.served["a.gz"] == 1  # verified copy kept
+
+
+def test_a_corrupted_download_is_retried_then_refused_in_one_line_leaving_nothing(
+    server: Server, tmp_path: Path
+) -> None:
+    remote = remote_for(server, "a.gz", BODY)
+    server.modes["a.gz"] = "corrupt"
+    with pytest.raises(DownloadError) as err:
+        fetch(remote, tmp_path / "data")
+    message = str(err.value)
+    assert "\n" not in message and f"not the published {remote.md5}" in message
+    assert f"put it at {tmp_path / 'data' / 'a.gz'}" in message
+    assert server.served["a.gz"] == download.ATTEMPTS and left_in(tmp_path / "data") == []
+
+
+def test_an_interrupted_download_is_tried_again(server: Server, tmp_path: Path) -> None:
+    remote = remote_for(server, "a.gz", BODY)
+    server.modes["a.gz"] = "cut"
+    assert fetch(remote, tmp_path / "data").read_bytes() == BODY
+    assert server.served["a.gz"] == 2 and left_in(tmp_path / "data") == ["a.gz"]
+    server.modes["b.gz"] = "cut-always"
+    with pytest.raises(DownloadError, match=r"b.gz \(cut off after 8192 of 16384 bytes\); http"):
+        fetch(remote_for(server, "b.gz", BODY), tmp_path / "data")
+    assert server.served["b.gz"] == download.ATTEMPTS and left_in(tmp_path / "data") == ["a.gz"]
+
+
+def test_the_second_mirror_serves_when_the_first_refuses(server: Server, tmp_path: Path) -> None:
+    remote = remote_for(server, "a.gz", BODY)
+    dead = "http://127.0.0.1:9/"  # the discard port: nothing listens there
+    assert fetch(remote, tmp_path / "data", mirrors=[dead, server.url]).read_bytes() == BODY
+
+
+def test_offline_one_line_names_each_url_and_where_to_put_the_file(tmp_path: Path) -> None:
+    remote = Remote("a.gz", hashlib.md5(BODY).hexdigest(), ("http://127.0.0.1:9/", "http://127.0.0.1:9/m2/"))
+    with pytest.raises(DownloadError) as err:
+        fetch(remote, tmp_path / "data")
+    message = str(err.value)
+    assert "http://127.0.0.1:9/a.gz (" in message and "http://127.0.0.1:9/m2/a.gz (" in message
+    assert f"download it by hand from http://127.0.0.1:9/a.gz (MD5 {remote.md5})" in message
+    assert left_in(tmp_path / "data") == []
+
+
+def test_a_file_put_by_hand_is_used_offline_and_a_tampered_one_is_replaced(
+    server: Server, tmp_path: Path
+) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.gz").write_bytes(BODY)
+    offline = Remote("a.gz", hashlib.md5(BODY).hexdigest(), ("http://127.0.0.1:9/",))
+    assert fetch(offline, folder).read_bytes() == BODY  # verified, no network needed
+    (folder / "a.gz").write_bytes(b"tampered")
+    remote = remote_for(server, "a.gz", BODY)
+    assert fetch(remote, folder).read_bytes() == BODY and server.served["a.gz"] == 1
+
+
+def test_an_archive_is_extracted_whole_or_not_at_all(tmp_path: Path) -> None:
+    good = tmp_path / "good.tar.gz"
+    good.write_bytes(tarball({"set/a.bin": b"a", "set/b.bin": b"b"}))
+    folder = extract(good, tmp_path / "out", "set")
+    assert sorted(p.name for p in folder.iterdir()) == ["a.bin", "b.bin"]
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(tarball({"other/a.bin": BODY * 8})[:200])
+    with pytest.raises(DownloadError, match=r"cannot be extracted .*: delete it to fetch it again"):
+        extract(cut, tmp_path / "out2", "other")
+    assert left_in(tmp_path / "out2") == []  # no half data set that a later run would load
+
+
+def test_idx_files_read_as_uint8_tensors_and_truncated_ones_are_refused(tmp_path: Path) -> None:
+    images = np.arange(3 * 28 * 28, dtype=np.uint32).reshape(3, 28, 28) % 256
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(idx_bytes(images)))
+    x = read_idx(path)
+    assert (
+        x.dtype == torch.uint8 and x.shape == (3, 28, 28) and torch.equal(x, torch.from_numpy(images).byte())
+    )
+    labels = tmp_path / "labels-idx1-ubyte"
+    labels.write_bytes(idx_bytes(np.array([7, 2, 1])))  # uncompressed works too
+    assert read_idx(labels).tolist() == [7, 2, 1]
+    (tmp_path / "cut").write_bytes(idx_bytes(images)[:-5])
+    with pytest.raises(ValueError, match="bytes of data where its header says 2352"):
+        read_idx(tmp_path / "cut")
+
+
+class Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_cifar_batches_read_as_uint8_and_a_pickle_that_names_code_is_refused(tmp_path: Path) -> None:
+    data = (np.arange(4 * 3072) % 256).astype(np.uint8).reshape(4, 3072)
+    batch = tmp_path / "data_batch_1"
+    batch.write_bytes(
+        pickle.dumps({b"batch_label": b"training batch 1 of 5", b"data": data, b"labels": [3, 1, 4, 1]})
+    )
+    x, y = read_cifar_batch(batch)
+    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.uint8 and y.tolist() == [3, 1, 4, 1]
+    assert torch.equal(x[1, 2], torch.from_numpy(data[1, 2048:].reshape(32, 32)))  # rows of R, then G, then B
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "data_batch_2"
+    evil.write_bytes(pickle.dumps({b"data": Payload(marker), b"labels": []}))
+    with pytest.raises(pickle.UnpicklingError, match="refusing pathlib"):
+        read_cifar_batch(evil)
+    assert not marker.exists()
+
+
+STANDARD = [
+    "lightspeed.data.mnist.MNISTDataModule",
+    "lightspeed.data.mnist.FashionMNISTDataModule",
+    "lightspeed.data.cifar10.CIFAR10DataModule",
+]
+
+
+@pytest.mark.parametrize("target", STANDARD)
+def test_a_standard_data_set_is_fetched_once_kept_as_uint8_and_scaled_on_the_device(
+    target: str, tmp_path: Path, monkeypatch
+) -> None:
+    cls = get_object(target)
+    with fake_downloads(cls, monkeypatch) as server:
+        dm = cls(data_dir=str(tmp_path / "data"), batch_size=32)
+        dm.prepare_data()
+        dm.setup("fit")
+        fetched = sum(server.served.values())
+        assert fetched == sum(len(group) for group in cls.remotes.values())
+        x, y = dm.splits["train"].tensors
+        assert x.dtype == torch.uint8 and x.shape[1:] == cls.input_shape and y.dtype == torch.int64
+        sizes = {name: len(split) for name, split in dm.splits.items()}
+        n_train = 640 if "CIFAR" in target else 256  # the fakes: 5 CIFAR batches of 128
+        assert sizes == {"train": n_train - round(0.1 * n_train), "val": round(0.1 * n_train), "test": 64}
+        scaled, _ = dm.on_after_batch_transfer((x, y), 0)  # as every batch is, on the device
+        assert scaled.dtype == torch.float32 and abs(float(scaled.mean())) < 0.02
+        again = cls(data_dir=str(tmp_path / "data"), batch_size=32)
+        again.prepare_data()
+        again.setup("fit")
+        assert sum(server.served.values()) == fetched  # verified copies, not fetched again
+        assert torch.equal(again.splits["test"].tensors[0], dm.splits["test"].tensors[0])
+
+
+def test_a_tampered_file_never_trains(train_cfg, tmp_path: Path, monkeypatch, capsys) -> None:
+    """A downloaded file changed on disk, no mirror to fetch it again from: one line, nothing trained."""
+    from lightspeed.data.mnist import MNISTDataModule
+    from lightspeed.train import train
+
+    with fake_downloads(MNISTDataModule, monkeypatch):
+        MNISTDataModule(data_dir=str(tmp_path / "data" / "mnist")).prepare_data()
+    path = tmp_path / "data" / "mnist" / "train-labels-idx1-ubyte.gz"
+    path.write_bytes(fake_file(path.name, seed=1))  # other labels, same format
+    with pytest.raises(SystemExit) as exit_:
+        train(train_cfg("data=mnist", "data.mirrors=[http://127.0.0.1:9/]", "debug=fdr"))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "could not fetch train-labels-idx1-ubyte.gz" in lines[0]
+    assert (
+        "not the published" in lines[0]
+        and not (tmp_path / "logs" / "train" / "runs" / "test" / "checkpoints").exists()
+    )
+
+
+def test_the_published_checksums_match_torchvision_s() -> None:
+    """Where torchvision is installed: its MD5s of the same files (it is optional, not a dependency)."""
+    datasets = pytest.importorskip("torchvision.datasets")
+    from lightspeed.data.cifar10 import CIFAR10DataModule
+    from lightspeed.data.mnist import FashionMNISTDataModule, MNISTDataModule
+
+    for ours, theirs in ((MNISTDataModule, datasets.MNIST), (FashionMNISTDataModule, datasets.FashionMNIST)):
+        mine = {r.filename: r.md5 for group in ours.remotes.values() for r in group}
+        assert mine == dict(theirs.resources)
+    (archive,) = CIFAR10DataModule.remotes["archive"]
+    assert (archive.filename, archive.md5) == (datasets.CIFAR10.filename, datasets.CIFAR10.tgz_md5)
