@@ -95,6 +95,14 @@ def cifar_batch(n: int, rng: np.random.Generator) -> bytes:
     return pickle.dumps(content, protocol=2)  # as the published files: protocol 2, bytes keys
 
 
+def cifar_files(n_train: int = 640, n_test: int = 64, seed: int = 0) -> dict[str, bytes]:
+    """The batch files of a small CIFAR-10 archive: 5 training batches, enough for conf/data/cifar10.yaml's
+    batch of 256, and the test batch."""
+    rng = np.random.default_rng(seed)
+    files = {f"data_batch_{i}": cifar_batch(max(n_train, 640) // 5, rng) for i in range(1, 6)}
+    return {**files, "test_batch": cifar_batch(n_test, rng)}
+
+
 def fake_file(filename: str, n_train: int = 256, n_test: int = 64, seed: int = 0) -> bytes:
     """A small file in the format of the published `filename`: `n_train` or `n_test` samples."""
     rng = np.random.default_rng(seed)
@@ -104,9 +112,9 @@ def fake_file(filename: str, n_train: int = 256, n_test: int = 64, seed: int = 0
     if filename.endswith("-labels-idx1-ubyte.gz"):
         return gzip.compress(idx_bytes(rng.integers(0, 10, n)), mtime=0)
     if filename == "cifar-10-python.tar.gz":
-        each = max(n_train, 640) // 5  # 5 batches, enough for conf/data/cifar10.yaml's batch of 256
-        files = {f"cifar-10-batches-py/data_batch_{i}": cifar_batch(each, rng) for i in range(1, 6)}
-        return tarball({**files, "cifar-10-batches-py/test_batch": cifar_batch(n_test, rng)})
+        return tarball(
+            {f"cifar-10-batches-py/{name}": body for name, body in cifar_files(n_train, n_test).items()}
+        )
     raise ValueError(f"no fake for {filename}: add one to tests/fakes.py")
 
 
@@ -125,4 +133,8 @@ def fake_downloads(cls: type, monkeypatch) -> Iterator[Server]:
                 patched.append(dataclasses.replace(remote, md5=md5, mirrors=(server.url,)))
             remotes[key] = tuple(patched)
         monkeypatch.setattr(cls, "remotes", remotes)
+        if hasattr(cls, "batches"):  # files inside an archive, with MD5s of their own (CIFAR-10)
+            md5s = {name: hashlib.md5(body).hexdigest() for name, body in cifar_files().items()}
+            batches = {k: tuple((name, md5s[name]) for name, _ in v) for k, v in cls.batches.items()}
+            monkeypatch.setattr(cls, "batches", batches)
         yield server

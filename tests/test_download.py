@@ -215,3 +215,45 @@ def test_the_published_checksums_match_torchvision_s() -> None:
         assert mine == dict(theirs.resources)
     (archive,) = CIFAR10DataModule.remotes["archive"]
     assert (archive.filename, archive.md5) == (datasets.CIFAR10.filename, datasets.CIFAR10.tgz_md5)
+
+
+def test_eval_reads_a_downloaded_data_set_where_the_run_kept_it(
+    train_cfg, eval_cfg, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """Trained with its own paths.data_dir: eval resolves the run's `${paths.data_dir}/mnist` on this
+    machine and reads the files there, whatever eval's own default data; loader settings on the command
+    line do not count as other data."""
+    import logging
+
+    from lightspeed.data.mnist import MNISTDataModule
+    from lightspeed.eval import run as evaluate
+    from lightspeed.train import train
+
+    store = f"paths.data_dir={tmp_path / 'store'}"
+    quiet = ["callbacks.rich_progress_bar=null", "trainer.enable_progress_bar=false"]
+    with fake_downloads(MNISTDataModule, monkeypatch) as server:
+        result = train(train_cfg("data=mnist", store, "trainer.max_epochs=1", "model=mlp", *quiet))
+        fetched = sum(server.served.values())
+        with caplog.at_level(logging.INFO):
+            metrics = evaluate(eval_cfg(f"ckpt_path={result.best_checkpoint}", store, "data.num_workers=0"))
+        assert sum(server.served.values()) == fetched  # read where the run kept it, nothing fetched
+    assert metrics["test/acc"] == pytest.approx(result.metrics["test/acc"], abs=1e-6)
+    assert "data: as given" not in caplog.text and not (tmp_path / "data").exists()
+
+
+def test_eval_refuses_a_checkpoint_whose_data_names_code_outside_the_allow_list(
+    train_cfg, eval_cfg, tmp_path: Path, capsys
+) -> None:
+    from lightspeed.eval import run as evaluate
+    from lightspeed.resilience.identity import DATA_CONFIG_KEY
+    from lightspeed.train import train
+
+    result = train(train_cfg("trainer.max_epochs=1", "model=mlp", "callbacks.rich_progress_bar=null"))
+    state = torch.load(result.best_checkpoint, weights_only=True)
+    state[DATA_CONFIG_KEY]["_target_"] = "shutil.rmtree"
+    tampered = tmp_path / "tampered.ckpt"
+    torch.save(state, tampered)
+    with pytest.raises(SystemExit) as exit_:
+        evaluate(eval_cfg(f"ckpt_path={tampered}"))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "error: data._target_=shutil.rmtree is not allowed" in err

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,17 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.compat import hooks
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, check_checkpoint_path, exit_on_config_error, validate_common
+from lightspeed.core.config import (
+    ConfigError,
+    check_checkpoint_path,
+    check_node,
+    exit_on_config_error,
+    validate_common,
+)
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.resilience import checkpoint, identity
-from lightspeed.resilience.identity import TRAIN_SAMPLES_KEY
+from lightspeed.resilience.identity import DATA_CONFIG_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build
 from lightspeed.run.entry import hydra_entry
 from lightspeed.speed import accel
@@ -81,10 +86,10 @@ def run(cfg: DictConfig) -> dict[str, float]:
         if reason is not None:
             raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
         hooks.speed_up_module(model)
-        use_run_data(cfg, stored, ckpt)
+        given = use_run_data(cfg, stored, ckpt)
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
-        seen = seen_in_training(dm, stored.get(TRAIN_SAMPLES_KEY))
+        seen = seen_in_training(dm, stored.get(TRAIN_SAMPLES_KEY), given)
         accel.apply_to_model(cfg, model)
         trainer = build.trainer(cfg)
         accel.report_idle(idle, accel.device_type(cfg))
@@ -111,54 +116,73 @@ def run(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> None:
-    """Evaluate on the data the run was trained with: its data config, as saved in the checkpoint, with
-    this machine's loader settings. Data given on the command line (`data=...`, `data.x=...`) wins, with a
-    line naming what differs from the run's; `conf/data/` edited since the run changes nothing (a changed
-    split would put training samples into the test set, and inflate the figures)."""
-    run_data = ((stored.get("identity") or {}).get("config") or {}).get("data")
-    composed = identity.of(cfg).get("data") or {}
+#: Data keys that say where and how a data set is read, not what it is: this machine's, or the command
+#: line's, whichever data is evaluated.
+PLACE_KEYS = (*LOADER_KNOBS, "data_dir", "mirrors")
+
+
+def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
+    """Evaluate on the data the run was trained with: its data config, as saved in the checkpoint (as
+    written: `${paths.data_dir}` resolves on this machine), with this machine's loader settings and any
+    `data.data_dir` or `data.mirrors` given on the command line. Data given on the command line
+    (`data=...`, `data.split_seed=...`) wins, with a line naming what differs from the run's; conf/data
+    edited since the run changes nothing (a changed split would put training samples into the test set,
+    and inflate the figures). Returns whether the data was given on the command line."""
+    run_data = stored.get(DATA_CONFIG_KEY) or ((stored.get("identity") or {}).get("config") or {}).get("data")
+    given = _data_overrides()
     if not isinstance(run_data, dict):
         rank_zero_warn(
             f"{ckpt} holds no data config (saved before Lightspeed kept one): evaluating on the data as "
             "composed; pass the data it was trained on (data=...)"
         )
-        return
-    diffs = identity.differences({"data": run_data}, {"data": composed})
-    if _overridden("data"):
+        return True
+    what = [k for k in given if k == "data" or k.split(".")[1] not in PLACE_KEYS]
+    diffs = identity.differences(identity.identity({"data": run_data}), identity.of(cfg))
+    diffs = [d for d in diffs if d.startswith("data.")]
+    if what:
         if diffs:
             rank_zero_info(f"data: as given, not the run's ({identity.describe(diffs)})")
-        return
-    if diffs:
+        return True
+    if diffs and run_data.get("_target_") == cfg.data.get("_target_"):
         rank_zero_info(
             f"data: the run's own, as saved in {ckpt.name} (conf/data differs: {identity.describe(diffs)}); "
             "pass data=... to evaluate on other data"
         )
-    loader = {k: cfg.data[k] for k in LOADER_KNOBS if k in cfg.data}  # this machine's, from the accel preset
+    keep = {k: cfg.data[k] for k in LOADER_KNOBS if k in cfg.data}  # this machine's, from the accel preset
+    keep |= {k: cfg.data[k] for k in ("data_dir", "mirrors") if f"data.{k}" in given and k in cfg.data}
     with open_dict(cfg):
-        cfg.data = OmegaConf.merge(OmegaConf.create(run_data), loader)
+        cfg.data = OmegaConf.merge(OmegaConf.create(run_data), keep)
+    check_node(cfg.data, "data")  # a checkpoint is input too: its data names only allowed code
+    validate_common(cfg)
+    return False
 
 
-def _overridden(group: str) -> bool:
-    """Whether the command line set `group` or a key under it."""
+def _data_overrides() -> list[str]:
+    """The keys the command line set under `data` (`data` itself for `data=<option>`)."""
     if not HydraConfig.initialized():
-        return False
-    return any(re.match(rf"[+~]*{group}([.=@]|$)", o) for o in HydraConfig.get().overrides.task)
+        return []
+    keys = [o.lstrip("+~").split("=")[0] for o in HydraConfig.get().overrides.task]
+    return [k for k in keys if k == "data" or k.startswith("data.")]
 
 
-def seen_in_training(dm: L.LightningDataModule, trained_on: torch.Tensor | None) -> int | None:
+def seen_in_training(dm: L.LightningDataModule, trained_on: torch.Tensor | None, given: bool) -> int | None:
     """How many test samples the checkpoint was trained on (warned about: its figures are inflated), from
     the sample ids it keeps; None when the checkpoint or the DataModule has none."""
     if trained_on is None or not isinstance(dm, ArrayDataModule):
         return None
+    dm.prepare_data()
     dm.setup("test")
     test = dm.sample_ids["test"]
     seen = int(torch.isin(test, trained_on).sum())
     if seen:
+        fix = (
+            "evaluate on the run's own data (drop the data overrides)"
+            if given
+            else "the run's own test split holds samples of its training split (duplicates in the data set?)"
+        )
         rank_zero_warn(
             f"{seen} of the {len(test)} test samples ({seen / len(test):.1%}) are among the "
-            f"{len(trained_on)} the checkpoint was trained on: its test figures are inflated; evaluate on "
-            "the run's own data (no data overrides) or on other samples"
+            f"{len(trained_on)} the checkpoint was trained on: its test figures are inflated; {fix}"
         )
     return seen
 

@@ -38,7 +38,7 @@ Arrays = tuple[Tensor, Tensor]
 def sample_ids(x: Tensor) -> Tensor:
     """A 64-bit hash of each sample's raw input (int64 (N,)): which samples a run trained on, kept in its
     checkpoints, so that an evaluation can say when its test set holds some of them."""
-    rows = x.reshape(len(x), -1).contiguous().numpy()
+    rows = x.detach().cpu().reshape(len(x), -1).contiguous().view(torch.uint8).numpy()  # any dtype's bytes
     return torch.tensor(
         [
             int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little", signed=True)
@@ -208,6 +208,9 @@ class ArrayDataModule(L.LightningDataModule):
         sizes = {name: round(n * fractions[name]) for name in missing}
         n_train = n - sum(sizes.values())
         counts = {"train": n_train, **sizes, **{k: len(v[0]) for k, v in given.items() if k != "train"}}
+        empty = [name for name, (inputs, _) in given.items() if len(inputs) < 1]
+        if empty:
+            raise ValueError(f"{type(self).__name__}.load_arrays returned an empty {empty[0]} split")
         if min(counts.values()) < 1:
             drawn = " and ".join(f"data.{name}_fraction={fractions[name]}" for name in missing)
             raise ConfigError(

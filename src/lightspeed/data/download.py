@@ -11,6 +11,7 @@ import http.client
 import os
 import shutil
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -63,22 +64,26 @@ def fetch(remote: Remote, folder: Path, mirrors: Sequence[str] | None = None) ->
     else:
         tried = []
     folder.mkdir(parents=True, exist_ok=True)
-    part = folder / f".{remote.filename}.{os.getpid()}.part"
     for url in remote.urls(mirrors):
         for _ in range(ATTEMPTS):
+            # a name of its own: another process (another node on a shared file system) may fetch it too
+            handle, name = tempfile.mkstemp(dir=folder, prefix=f".{remote.filename}.", suffix=".part")
+            os.close(handle)
+            part = Path(name)
             try:
                 got = _download(url, part)
-            except (OSError, http.client.HTTPException) as err:  # URLError is an OSError
-                part.unlink(missing_ok=True)
+            except (OSError, ValueError, http.client.HTTPException) as err:  # URLError is an OSError
                 tried.append(f"{url} ({_reason(err)})")
                 if not _worth_retrying(err):
                     break
                 continue
-            if got == remote.md5:
-                os.replace(part, target)
-                return target
-            part.unlink()
-            tried.append(f"{url} (MD5 {got}, not the published {remote.md5})")
+            else:
+                if got == remote.md5:
+                    os.replace(part, target)
+                    return target
+                tried.append(f"{url} (MD5 {got}, not the published {remote.md5})")
+            finally:
+                part.unlink(missing_ok=True)
     raise DownloadError(
         f"could not fetch {remote.filename}: {'; '.join(tried)}; download it by hand from "
         f"{remote.urls(mirrors)[0]} (MD5 {remote.md5}) and put it at {target}"
@@ -91,7 +96,7 @@ def _download(url: str, part: Path) -> str:
     digest = hashlib.md5(usedforsecurity=False)
     received = 0
     with urllib.request.urlopen(url, timeout=TIMEOUT) as response, part.open("wb") as out:
-        expected = response.length  # None without a Content-Length
+        expected = getattr(response, "length", None)  # None without a Content-Length (file://)
         while block := response.read(1 << 20):
             digest.update(block)
             out.write(block)
@@ -106,7 +111,7 @@ def _worth_retrying(err: BaseException) -> bool:
     mirror at once."""
     if isinstance(err, urllib.error.HTTPError):
         return err.code >= 500
-    return not isinstance(err, urllib.error.URLError)
+    return not isinstance(err, (urllib.error.URLError, ValueError, FileNotFoundError))
 
 
 def _reason(err: BaseException) -> str:
@@ -119,22 +124,24 @@ def _reason(err: BaseException) -> str:
 
 def extract(archive: Path, folder: Path, name: str) -> Path:
     """`folder/<name>`, the tar archive's top folder `name`, extracted whole or not at all: into a
-    temporary folder, then renamed. Only regular files and folders are taken (no links, no paths that
-    leave the folder)."""
+    temporary folder, then renamed over any older copy. tarfile's `data` filter refuses members that
+    would land outside the folder (absolute paths, `..`, links pointing out) and device files."""
+    if not hasattr(tarfile, "data_filter"):  # Python 3.11.4 and 3.10.12 brought it
+        raise DownloadError(
+            f"extracting {archive} safely needs Python >= 3.11.4 (or 3.10.12): upgrade Python"
+        )
     final = folder / name
-    if final.is_dir():
-        return final
-    tmp = folder / f".{name}.{os.getpid()}.extracting"
-    shutil.rmtree(tmp, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{name}.", suffix=".extracting"))
     try:
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         if not (tmp / name).is_dir():
             raise DownloadError(f"{archive} holds no folder {name}: delete it to download it again")
+        if final.is_dir():  # an older copy that failed its checks: moved aside, then removed
+            os.replace(final, tmp / f"{name}.old")
         os.replace(tmp / name, final)
     except (tarfile.TarError, EOFError, OSError) as err:
-        if final.is_dir():  # another process extracted it meanwhile
-            return final
         raise DownloadError(f"{archive} cannot be extracted ({err}): delete it to fetch it again") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -144,7 +151,7 @@ def extract(archive: Path, folder: Path, name: str) -> Path:
 class DownloadedDataModule(ArrayDataModule):
     """An in-memory data set whose published files (`remotes`, by group) are fetched into `data_dir` in
     `prepare_data` (one process per node, Lightning's rule) and verified again when read (`fetched`):
-    a file changed on disk since never trains."""
+    a file changed on disk since is fetched again, or refused; it never trains."""
 
     remotes: ClassVar[dict[str, tuple[Remote, ...]]] = {}
 

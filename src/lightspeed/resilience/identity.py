@@ -28,6 +28,9 @@ RECORD_FILE = "run.json"
 #: Where a checkpoint keeps the ids of the samples its run trained on (int64, one per sample; see
 #: `lightspeed.data.base.sample_ids`), so that an evaluation can tell when its test set holds some.
 TRAIN_SAMPLES_KEY = "train_samples"
+#: Where a checkpoint keeps its run's data config as written (`${...}` unresolved, loader settings and
+#: data folder included): what `make eval` evaluates on, resolved on its own machine.
+DATA_CONFIG_KEY = "data_config"
 
 #: Keys that say where a run lives, how it starts, or how it is watched and fed, not what it computes:
 #: left out of the identity, so that changing them continues the same run. (Loader settings change
@@ -186,13 +189,16 @@ class RunIdentity(L.Callback):
     only the checkpoints this run wrote, and a checkpoint names the settings (its data config included) and
     the samples (`TRAIN_SAMPLES_KEY`, where the DataModule has `sample_ids`) it was trained with."""
 
-    def __init__(self, ident: dict[str, Any]) -> None:
+    def __init__(self, ident: dict[str, Any], data: dict[str, Any] | None = None) -> None:
         self.ident = ident
+        self.data = data
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         checkpoint["identity"] = {"digest": digest(self.ident), "config": self.ident}
+        if self.data is not None:
+            checkpoint[DATA_CONFIG_KEY] = self.data
         ids = getattr(trainer.datamodule, "sample_ids", None)
         if isinstance(ids, dict) and ids.get("train") is not None:
             checkpoint[TRAIN_SAMPLES_KEY] = ids["train"]

@@ -66,6 +66,7 @@ def datamodule(cfg: DictConfig) -> L.LightningDataModule:
     where its constructor takes them; a DataModule of your own that builds its own loaders need not
     (one info line names what it left to its loaders)."""
     node = cfg.data
+    check_node(node, "data")  # before anything is imported
     try:
         target = get_object(str(node.get("_target_")))  # a class, or a function that makes one
     except (ImportError, ValueError, AttributeError) as err:
@@ -108,6 +109,7 @@ def check_inputs_fit(cfg: DictConfig, dm: L.LightningDataModule) -> None:
     net that cannot take the data's input shape (a 1D data set with the 2D default CNN) is one line
     naming both, not a traceback from the first training step. A net that cannot even be built for the
     shape (a 1D net given 2D images) is named by the input shapes it declares (`example_input_shapes`)."""
+    check_node(cfg.model, "model")  # the probe is built before the model itself
     shape = list(dm.input_shape)
     try:
         with torch.device("meta"):
@@ -177,7 +179,8 @@ def callbacks(cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = 
     if cfg.trainer.get("limit_val_batches") == 0 and any(isinstance(cb, EarlyStopping) for cb in found):
         rank_zero_info("trainer.limit_val_batches=0: no validation, so EarlyStopping is left out")
         found = [cb for cb in found if not isinstance(cb, EarlyStopping)]
-    extra = [RankSeed(cfg.seed), ExactResume(), RunIdentity(ident or identity.of(cfg))]
+    data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
+    extra = [RankSeed(cfg.seed), ExactResume(), RunIdentity(ident or identity.of(cfg), data)]
     return [MonitorCheck(), *found, *extra]  # first: its checks run before the callbacks it checks
 
 

@@ -240,12 +240,13 @@ class SpeedReport(L.Callback):
             r.get("epoch_end_seconds"),
         )
         if fit and val is not None and end is not None and (val + end) / fit > OUTSIDE_STEPS_WARN:
-            each = (val + end) / max(1, r.get("validations") or 0) * 1e3
+            count = r.get("validations") or 0
+            each = f", {(val + end) / count * 1e3:.0f} ms at each of {count} validations" if count else ""
             notes.append(
                 f"validation ({val / fit:.0%}) and checkpoint saves with the rest of the epoch end "
-                f"({end / fit:.0%}) take {(val + end) / fit:.0%} of the fit after warm-up, {each:.0f} ms "
-                f"each time, for epochs of {r.get('batches_per_epoch')} batches: validate and save less "
-                "often (trainer.check_val_every_n_epoch=N) to train more in the same time"
+                f"({end / fit:.0%}) take {(val + end) / fit:.0%} of the fit after warm-up{each}, for epochs "
+                f"of {r.get('batches_per_epoch')} batches: validate and save less often "
+                "(trainer.check_val_every_n_epoch=N) to train more in the same time"
             )
         if r["recompiles"]:
             notes.append(
