@@ -37,7 +37,8 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     shutil.copytree(REPO / "tests", project / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", project)  # the same pytest settings
     (project / "tests/test_the_guide_s_run.py").write_text(GUIDE_RUN)
-    files = ["tests/test_registry.py", "tests/test_the_guide_s_run.py"]
+    # The registry-driven tests of what the guide added (the others run in this suite, on the same code).
+    files = ["tests/test_registry.py", "tests/test_the_guide_s_run.py", "-k", "waves or conv1d"]
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", *files, "-q", "-rA", "-p", "no:cacheprovider"],
         cwd=project,
