@@ -35,6 +35,7 @@ KEYS = {
 }
 
 
+@pytest.mark.slow  # a fresh process that compiles with inductor (~12 s); diagnose() is tested below
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")
 def test_doctor_on_a_cpu_writes_the_documented_json(tmp_path: Path, capsys) -> None:
     proc = run_module("lightspeed.doctor", "--quick", "--json", str(tmp_path / "doctor.json"), cwd=tmp_path)

@@ -311,19 +311,24 @@ def test_a_checkpoint_with_a_flipped_bit_is_treated_as_corrupt(train_cfg, run_di
 # 9. Names that would leave their folder
 
 
-def test_names_that_would_leave_their_folder_are_refused_before_any_folder_is_made(tmp_path: Path) -> None:
+def test_names_that_would_leave_their_folder_are_refused_before_any_folder_is_made() -> None:
+    for override in ["run_name=..", "task_name=../../../x", "run_name=a/b", "task_name=.", "+run_name=.."]:
+        with pytest.raises(ConfigError, match=rf"^{override.lstrip('+').split('=')[0]}=.* is invalid"):
+            check_group_choices([override])  # what the command line runs before Hydra makes any folder
+
+
+@pytest.mark.slow  # the command line's path to the check above (~7 s: a fresh process)
+def test_a_name_that_would_leave_its_folder_is_one_line_from_the_command_line(tmp_path: Path) -> None:
     proc = run_module("lightspeed.train", "run_name=..", f"paths.log_dir={tmp_path / 'logs'}", cwd=tmp_path)
     assert proc.returncode == 2
     assert one_line_error(proc).startswith("error: run_name='..' is invalid")
     assert not (tmp_path / "logs").exists()
-    for override in ["task_name=../../../x", "run_name=a/b", "task_name=.", "+run_name=.."]:
-        with pytest.raises(ConfigError, match=rf"^{override.lstrip('+').split('=')[0]}=.* is invalid"):
-            check_group_choices([override])  # what the command line runs before Hydra makes any folder
 
 
 # 10. What a config may instantiate
 
 
+@pytest.mark.slow  # a fresh process (~7 s); the allow-list itself is tested in process below
 def test_a_target_outside_the_allow_list_is_refused_and_never_called(tmp_path: Path) -> None:
     evil = ["+callbacks.evil._target_=builtins.open", '+callbacks.evil._args_=["MARKER","w"]']
     proc = run_module("lightspeed.train", *evil, f"paths.log_dir={tmp_path / 'logs'}", cwd=tmp_path)
