@@ -11,6 +11,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch
+WORKERS ?= auto
 ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -19,7 +20,7 @@ STAMP := $(VENV)/.installed
 # make lists them last-first and escapes spaces as '\ ': keep escaped spaces inside one word.
 _space := $(subst ,, )
 _reverse = $(if $(1),$(call _reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
-_cli := $(filter-out PYTHON=% VENV=% TORCH=% ARGS=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
+_cli := $(filter-out PYTHON=% VENV=% TORCH=% WORKERS=% ARGS=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 # Hydra's -m (--multirun) must come before the overrides: it is moved there from ARGS.
@@ -54,8 +55,8 @@ eval: $(STAMP)  ## test the newest run's best checkpoint (ckpt_path=... for anot
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
 	$(PY) -m lightspeed.doctor $(ARGS)
 
-test: $(STAMP)  ## the fast test suite (under ~5 min on 2 CPU cores)
-	$(PY) -m pytest -m "not slow" $(ARGS)
+test: $(STAMP)  ## the fast test suite, a process per core (under ~5 min on 2 CPU cores; WORKERS=1 for one)
+	$(PY) -m pytest -m "not slow" -n $(WORKERS) --dist loadgroup $(ARGS)
 
 test-full: $(STAMP)  ## every test, the slow ones too
 	$(PY) -m pytest $(ARGS)

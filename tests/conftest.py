@@ -23,8 +23,9 @@ os.environ[ALLOWED_TARGETS_ENV] = "probes"
 REPO = CONF_DIR.parent
 TESTS = Path(__file__).resolve().parent
 
-# Keep small runs small: tiny CPU runs are slower with many intra-op threads on a shared 2-core box.
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Keep small runs small: tiny CPU runs are slower with many intra-op threads on a shared 2-core box, and
+# `make test` runs a pytest process per core (pytest-xdist): a thread each, then.
+torch.set_num_threads(1 if "PYTEST_XDIST_WORKER" in os.environ else min(2, torch.get_num_threads()))
 silence_known_noise()
 
 Compose = Callable[..., DictConfig]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -137,9 +138,15 @@ def test_eval_of_a_missing_checkpoint_names_it(eval_cfg, tmp_path: Path, capsys)
     assert exit_.value.code == 2 and f"error: ckpt_path={tmp_path / 'nope.ckpt'} does not exist" in err
 
 
+def make(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """`make <args>` as a user types it: not the settings of the `make test ARGS=...` that runs this."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS")}
+    return subprocess.run(["make", *args], cwd=REPO, env=env, capture_output=True, text=True, check=check)
+
+
 def make_dry_run(*args: str) -> str:
     """The command `make train ...` would run, without running it."""
-    out = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    out = make("-n", *args, check=True).stdout
     return [line for line in out.splitlines() if "-m lightspeed." in line][-1].rstrip()
 
 
@@ -171,7 +178,7 @@ def test_make_puts_multirun_before_the_overrides() -> None:
 
 
 def test_make_names_the_programs_exit_code_and_its_meaning() -> None:
-    proc = subprocess.run(["make", "train", "foo=bar"], cwd=REPO, capture_output=True, text=True)
+    proc = make("train", "foo=bar")
     assert proc.returncode == 2  # make's own, whatever the program's
     explained = [line for line in proc.stderr.splitlines() if line.startswith("make: python")]
     meaning = "a bad setting: the error line above names it and the fix"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -110,16 +113,23 @@ def test_asking_for_a_gpu_without_one_is_an_error_not_a_cpu_run(train_cfg, train
         validate_train(train_cfg(trainer))
 
 
-def test_an_optional_local_config_is_picked_up(train_cfg) -> None:
-    local = CONF_DIR / "local" / "default.yaml"
-    if local.exists():
-        pytest.skip("this checkout has its own conf/local/default.yaml; not touching it")
-    try:
-        local.write_text("# @package _global_\nseed: 1234\n")
-        assert train_cfg().seed == 1234
-    finally:
-        local.unlink()
-    assert train_cfg().seed != 1234
+def test_an_optional_local_config_is_picked_up(tmp_path: Path) -> None:
+    """On a copy of conf/ (tests run in parallel: the checkout's conf/ is never written)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf, ignore=lambda folder, _: ["local"] if folder == str(CONF_DIR) else [])
+    (conf / "local").mkdir()
+
+    def seed() -> int:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            return compose("train").seed
+
+    without = seed()
+    (conf / "local" / "default.yaml").write_text("# @package _global_\nseed: 1234\n")
+    assert without != 1234 and seed() == 1234
 
 
 def test_eval_checks_the_shared_settings_too(eval_cfg) -> None:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 GUIDE = (REPO / "docs" / "guide.md").read_text()
@@ -21,6 +23,7 @@ def block(after: str, language: str) -> str:
     return re.search(rf"```{language}\n(.*?)```", rest, re.S)[1]
 
 
+@pytest.mark.xdist_group("writes_conf")  # copies conf/, which test_nothing_lost's bad inputs write to
 def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     project = tmp_path / "project"
     shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))

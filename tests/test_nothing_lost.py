@@ -555,19 +555,24 @@ BAD_INPUTS = [
 
 @pytest.fixture
 def bad_experiment() -> Iterator[None]:
-    """An experiment file with a key in the wrong place, as `+max_steps:` in its global package."""
+    """An experiment file with a key in the wrong place, as `+max_steps:` in its global package. (It is
+    written into the checkout's conf/: the guide's test, which copies conf/, runs on the same xdist
+    worker.)"""
     path = CONF_DIR / "experiment" / "bad_global_key.yaml"
     path.write_text("# @package _global_\nmax_steps: 100\n")
     yield
     path.unlink()
 
 
+@pytest.mark.xdist_group("writes_conf")
 @pytest.mark.parametrize(("overrides", "line"), BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
 def test_a_bad_input_is_one_line_and_exit_2_before_any_training(
-    train_cfg, run_dir: Path, capsys, bad_experiment, overrides: list[str], line: str
+    train_cfg, run_dir: Path, capsys, request, overrides: list[str], line: str
 ) -> None:
     """As `python -m lightspeed.train <overrides>` runs them, in process: the checks before Hydra's run,
     then the task. (tests/test_cli.py runs the command line itself.)"""
+    if "experiment=bad_global_key" in overrides:
+        request.getfixturevalue("bad_experiment")
 
     def run() -> None:
         with exit_on_config_error():
