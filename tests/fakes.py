@@ -1,5 +1,6 @@
 """A local HTTP server, and small files in the real formats of the data sets Lightspeed downloads (IDX
-gzip, the CIFAR-10 python tarball), so that download code is tested without a network."""
+gzip, the CIFAR-10 python tarball), so that download code is tested without a network; and folders of
+real JPEG and PNG images."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 
 class Server(ThreadingHTTPServer):
@@ -138,3 +141,46 @@ def fake_downloads(cls: type, monkeypatch) -> Iterator[Server]:
             batches = {k: tuple((name, md5s[name]) for name, _ in v) for k, v in cls.batches.items()}
             monkeypatch.setattr(cls, "batches", batches)
         yield server
+
+
+#: The classes of `image_folder`: a pattern each that a small net learns in a few steps.
+PATTERNS = ("blob", "green", "stripes")
+#: (width, height) of the images, in turn: mixed sizes and aspect ratios.
+SIZES = ((40, 40), (60, 45), (32, 50), (24, 24))
+#: PIL modes of the images, in turn: colour, grey, palette, with alpha.
+MODES = ("RGB", "L", "P", "RGBA")
+
+
+def image(pattern: str, size: tuple[int, int], mode: str, rng: np.random.Generator) -> Image.Image:
+    w, h = size
+    a = rng.integers(0, 60, (h, w, 3)).astype(np.uint8)
+    if pattern == "blob":
+        a[h // 4 : 3 * h // 4, w // 4 : 3 * w // 4] = 230
+    elif pattern == "green":
+        a[:, :, 1] = 200
+    else:
+        a[::4] = 250
+    return Image.fromarray(a).convert(mode)
+
+
+def image_folder(root: Path, per_class: int = 24, seed: int = 0, classes: tuple[str, ...] = PATTERNS) -> Path:
+    """`root/<class>/<i>.jpg|.png`: real files of mixed sizes and modes (JPEG for RGB and grey, PNG for
+    all), and one file that is not an image."""
+    rng = np.random.default_rng(seed)
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            mode = MODES[i % len(MODES)]
+            suffix = ".jpg" if i % 2 and mode in ("RGB", "L") else ".png"
+            image(PATTERNS[c % len(PATTERNS)], SIZES[i % len(SIZES)], mode, rng).save(
+                root / name / f"{i}{suffix}"
+            )
+    (root / classes[0] / "notes.txt").write_text("not an image")
+    return root
+
+
+def give_data_folder(cfg, tmp_path: Path) -> None:
+    """What a composed config needs to run here: a data set that reads a folder (`data.root: null`) gets a
+    generated image folder."""
+    if "root" in cfg.data and cfg.data.root is None:
+        cfg.data.root = str(image_folder(tmp_path / "images"))

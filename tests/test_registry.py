@@ -12,7 +12,7 @@ from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from conftest import TINY
-from fakes import fake_downloads
+from fakes import fake_downloads, give_data_folder
 from lightspeed import CONF_DIR
 from lightspeed.core.config import ConfigError
 from lightspeed.models.nets import NETS, _discover, build_net
@@ -50,6 +50,7 @@ def fits(tmp_path, data: str, model: str) -> bool:
     """Whether the model option's net takes the data option's input shape (a forward pass on the meta
     device, as `make train` checks before training)."""
     cfg = compose_config("train", [f"data={data}", f"model={model}"], tmp_path)
+    give_data_folder(cfg, tmp_path)
     try:
         build.check_inputs_fit(cfg, build.datamodule(cfg))
     except ConfigError:
@@ -73,9 +74,11 @@ def partner(tmp_path, group: str, option: str) -> list[str]:
 def test_every_data_set_model_and_experiment_trains_one_batch(
     train_cfg, tmp_path, monkeypatch, choice: str
 ) -> None:
-    """A data set that downloads (it has `remotes`) fetches small fakes of its files from a local server."""
+    """A data set that downloads (it has `remotes`) fetches small fakes of its files from a local server; one
+    that reads a folder gets a generated one."""
     group, option = choice.split("=")
     cfg = train_cfg(choice, *partner(tmp_path / "pair", group, option), "debug=fdr", *QUIET)
+    give_data_folder(cfg, tmp_path)
     if "batch_size" in cfg.data:  # one small batch: the code path is the same, the compute a fraction
         cfg.data.batch_size = min(int(cfg.data.batch_size), 16)
     data_class = get_object(cfg.data._target_)

@@ -28,7 +28,7 @@ from lightspeed.core.config import (
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.resilience import checkpoint, identity
-from lightspeed.resilience.identity import DATA_CONFIG_KEY, TRAIN_SAMPLES_KEY
+from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build
 from lightspeed.run.entry import hydra_entry
 from lightspeed.speed import accel
@@ -89,6 +89,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         given = use_run_data(cfg, stored, ckpt)
         dm = build.datamodule(cfg)
         _check_fits(model.hparams, dm)
+        class_names = _check_classes(stored.get(CLASS_NAMES_KEY), dm)
         seen = seen_in_training(dm, stored.get(TRAIN_SAMPLES_KEY), given)
         accel.apply_to_model(cfg, model)
         trainer = build.trainer(cfg)
@@ -100,7 +101,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     predictions = None
     if cfg.predict:
         batches = trainer.predict(model, datamodule=dm)  # the Trainer predicts under torch.inference_mode
-        predictions = _write_predictions(batches or [], run_dir / "predictions.csv")
+        predictions = _write_predictions(batches or [], run_dir / "predictions.csv", class_names)
     summary.report(
         "Lightspeed: evaluation",
         run_dir,
@@ -118,7 +119,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
 #: Data keys that say where and how a data set is read, not what it is: this machine's, or the command
 #: line's, whichever data is evaluated.
-PLACE_KEYS = (*LOADER_KNOBS, "data_dir", "mirrors")
+PLACE_KEYS = (*LOADER_KNOBS, "data_dir", "mirrors", "cache")
 
 
 def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
@@ -202,16 +203,35 @@ def _check_fits(hparams: dict, dm: ArrayDataModule) -> None:
         )
 
 
-def _write_predictions(batches: list[dict[str, torch.Tensor]], path: Path) -> Path:
+def _check_classes(trained: list[str] | None, dm: L.LightningDataModule) -> list[str] | None:
+    """The class names, where the checkpoint keeps them: the data's must be the same, in the same order
+    (label i must mean the class it meant in training)."""
+    names = getattr(dm, "class_names", None)
+    if trained is not None and names is not None and list(names) != list(trained):
+        raise ConfigError(
+            f"the checkpoint was trained on classes {list(trained)} but the data has {list(names)}: "
+            "evaluate on data with the same class folders"
+        )
+    return list(trained) if trained is not None else None
+
+
+def _write_predictions(
+    batches: list[dict[str, torch.Tensor]], path: Path, class_names: list[str] | None = None
+) -> Path:
+    """One row per test sample; with the class names when the checkpoint keeps them."""
     path.parent.mkdir(parents=True, exist_ok=True)
     pred = torch.cat([b["pred"] for b in batches]).tolist()
     prob = torch.cat([b["prob"] for b in batches]).tolist()
     target = torch.cat([b["target"] for b in batches]).tolist()
+    named = class_names is not None
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["index", "target", "pred", "prob"])
+        writer.writerow(
+            ["index", "target", "pred", "prob", *(["target_class", "pred_class"] if named else [])]
+        )
         writer.writerows(
-            (i, t, p, f"{q:.6f}") for i, (t, p, q) in enumerate(zip(target, pred, prob, strict=True))
+            (i, t, p, f"{q:.6f}", *([class_names[t], class_names[p]] if named else []))
+            for i, (t, p, q) in enumerate(zip(target, pred, prob, strict=True))
         )
     return path
 

@@ -41,7 +41,10 @@ def exit_on_config_error() -> Iterator[None]:
     try:
         yield
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        line = str(err).strip()
+        if "\n" in line:  # raised in a DataLoader worker: the worker's traceback, then its own line
+            line = re.sub(r"^[\w.]+Error: ", "", line.splitlines()[-1])
+        print(f"error: {line}", file=sys.stderr)
         raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 

@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightspeed.compat.trainer import UnrepeatedDistributedSampler
 from lightspeed.core.config import ConfigError
@@ -149,7 +149,8 @@ class ArrayDataModule(L.LightningDataModule):
         self.test_fraction = test_fraction
         self.split_seed = split_seed
         self.normalize = normalize
-        self.splits: dict[str, TensorDataset] = {}
+        #: Per split: a TensorDataset, or a Dataset whose `__getitems__` gives a whole batch (`whole_batch`).
+        self.splits: dict[str, Dataset] = {}
         self.sample_ids: dict[str, Tensor] = {}  # per split, see `sample_ids`
         #: (mean, std) that uint8 inputs are scaled by on the device; None for float inputs, standardised
         #: once in `setup`.
@@ -189,6 +190,9 @@ class ArrayDataModule(L.LightningDataModule):
             mean, std = train_x.mean(), train_x.std().clamp_min(1e-8)
             parts = {name: ((x - mean) / std, y) for name, (x, y) in parts.items()}
         self.splits = {name: TensorDataset(x.contiguous(), y) for name, (x, y) in parts.items()}
+        self._check_batch_size(stage)
+
+    def _check_batch_size(self, stage: str | None) -> None:
         per_rank = len(self.splits["train"]) // self._ranks()[1]
         overfit = self.trainer is not None and self.trainer.overfit_batches > 0  # unshuffled: nothing dropped
         if stage in (None, "fit") and self.drop_last and not overfit and self.batch_size > per_rank:
@@ -239,6 +243,13 @@ class ArrayDataModule(L.LightningDataModule):
         return self._on_device_decision
 
     def _decide_on_device(self) -> bool:
+        if not all(isinstance(ds, TensorDataset) for ds in self.splits.values()):
+            if self.on_device is True:
+                raise ConfigError(
+                    f"data.on_device=true needs the data set in memory; {type(self).__name__} reads it "
+                    "from files: set data.on_device=auto or false"
+                )
+            return False
         need = sum(t.numel() * t.element_size() for ds in self.splits.values() for t in ds.tensors)
         decision, note = on_device_choice(self.on_device, self.num_workers, need, self._device)
         if note:
@@ -267,20 +278,18 @@ class ArrayDataModule(L.LightningDataModule):
             # would otherwise advance: a resumed run must draw the same numbers as an uninterrupted one.
             "generator": torch.Generator().manual_seed(order.seed + rank),
         }
-        if shuffle:  # training: a batch fetched with one indexing operation, not sample by sample
+        # A batch is fetched whole (`__getitems__`): in-memory arrays with one indexing operation, not
+        # sample by sample; files decoded together in one worker.
+        dataset = self.splits[split]
+        batches = WholeBatches(dataset) if isinstance(dataset, TensorDataset) else dataset
+        if shuffle:
             return ResumableDataLoader(
-                WholeBatches(self.splits[split]),
-                sampler=order,
-                collate_fn=whole_batch,
-                drop_last=self.drop_last,
-                **options,
+                batches, sampler=order, collate_fn=whole_batch, drop_last=self.drop_last, **options
             )
         # Evaluation (and overfit_batches) under DDP: each sample on exactly one rank. Lightning's default
         # sampler pads the last batch with repeats, which would count some samples twice in the metrics.
-        sampler = UnrepeatedDistributedSampler(
-            self.splits[split], num_replicas=world, rank=rank, shuffle=False
-        )
-        return DataLoader(self.splits[split], sampler=sampler if world > 1 else None, **options)
+        sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
+        return DataLoader(batches, sampler=sampler if world > 1 else None, collate_fn=whole_batch, **options)
 
     def train_dataloader(self) -> DataLoader | DeviceLoader:
         # overfit_batches: the same batches every epoch

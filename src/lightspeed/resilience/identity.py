@@ -28,6 +28,8 @@ RECORD_FILE = "run.json"
 #: Where a checkpoint keeps the ids of the samples its run trained on (int64, one per sample; see
 #: `lightspeed.data.base.sample_ids`), so that an evaluation can tell when its test set holds some.
 TRAIN_SAMPLES_KEY = "train_samples"
+#: What each label means, where the DataModule names its classes (`class_names`: an image folder's).
+CLASS_NAMES_KEY = "class_names"
 #: Where a checkpoint keeps its run's data config as written (`${...}` unresolved, loader settings and
 #: data folder included): what `make eval` evaluates on, resolved on its own machine.
 DATA_CONFIG_KEY = "data_config"
@@ -54,6 +56,7 @@ NOT_IDENTITY = (
     "data.on_device",
     "data.data_dir",
     "data.mirrors",
+    "data.cache",  # image_folder: the same pixels, decoded once or on the fly
     "trainer.log_every_n_steps",
     "trainer.num_sanity_val_steps",
     "trainer.enable_progress_bar",
@@ -187,7 +190,8 @@ def code_commit() -> dict[str, Any]:
 class RunIdentity(L.Callback):
     """Stores the run's identity in every checkpoint (`checkpoint["identity"]`), so that auto-resume takes
     only the checkpoints this run wrote, and a checkpoint names the settings (its data config included) and
-    the samples (`TRAIN_SAMPLES_KEY`, where the DataModule has `sample_ids`) it was trained with."""
+    the samples (`TRAIN_SAMPLES_KEY`, where the DataModule has `sample_ids`) and the class names
+    (`CLASS_NAMES_KEY`, where it has `class_names`) it was trained with."""
 
     def __init__(self, ident: dict[str, Any], data: dict[str, Any] | None = None) -> None:
         self.ident = ident
@@ -202,6 +206,9 @@ class RunIdentity(L.Callback):
         ids = getattr(trainer.datamodule, "sample_ids", None)
         if isinstance(ids, dict) and ids.get("train") is not None:
             checkpoint[TRAIN_SAMPLES_KEY] = ids["train"]
+        names = getattr(trainer.datamodule, "class_names", None)
+        if names is not None:
+            checkpoint[CLASS_NAMES_KEY] = list(names)
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

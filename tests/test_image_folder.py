@@ -1,0 +1,199 @@
+"""data=image_folder on folders of real JPEG and PNG files that the tests make (tests/fakes.py)."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import TINY
+from fakes import image_folder
+from lightspeed.core.config import exit_on_config_error
+from lightspeed.data.device_loader import ResumableDataLoader
+from lightspeed.data.image_folder import ImageFolderDataModule
+from lightspeed.data.images import ImageFiles, decode
+from lightspeed.eval import run as evaluate
+from lightspeed.resilience.identity import CLASS_NAMES_KEY
+from lightspeed.train import train
+from probes import Fault
+
+RUN = [*TINY, "data=image_folder", "data.image_size=16", "data.batch_size=8", "model.scheduler.name=none"]
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return image_folder(tmp_path / "shapes")
+
+
+def save(array: np.ndarray, path: Path) -> Path:
+    Image.fromarray(array).save(path)
+    return path
+
+
+def test_the_resize_policy_scales_the_shorter_side_and_cuts_the_centre(tmp_path: Path) -> None:
+    wide = np.zeros((32, 64, 3), np.uint8)
+    wide[:, :16, 0] = wide[:, 48:, 2] = 255  # red left quarter, blue right quarter, green middle half
+    wide[:, 16:48, 1] = 255
+    x = decode(save(wide, tmp_path / "wide.png"), 32, 3)
+    assert x.shape == (3, 32, 32) and x.dtype == torch.uint8
+    assert (x[1] == 255).all() and (x[0] == 0).all() and (x[2] == 0).all()  # only the centre is left
+    small = decode(save(np.full((8, 8, 3), 77, np.uint8), tmp_path / "small.png"), 32, 3)  # scaled up
+    assert small.shape == (3, 32, 32) and (small == 77).all()
+    same = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    assert torch.equal(
+        decode(save(same, tmp_path / "same.png"), 32, 3), torch.from_numpy(same).permute(2, 0, 1)
+    )
+
+
+def test_grey_palette_and_alpha_images_become_the_channels_asked_for(tmp_path: Path) -> None:
+    grey = save(np.full((10, 10), 100, np.uint8), tmp_path / "grey.png")
+    rgba = tmp_path / "rgba.png"
+    Image.new("RGBA", (10, 10), (10, 20, 30, 0)).save(rgba)
+    palette = tmp_path / "palette.png"
+    Image.new("RGB", (10, 10), (204, 0, 0)).convert("P").save(palette)  # a web-palette colour
+    assert decode(grey, 10, 3).tolist() == torch.full((3, 10, 10), 100).tolist()
+    assert decode(rgba, 10, 3)[:, 0, 0].tolist() == [10, 20, 30]  # alpha dropped
+    assert decode(palette, 10, 3)[:, 0, 0].tolist() == [204, 0, 0]
+    assert decode(rgba, 10, 1).shape == (1, 10, 10)
+
+
+def test_the_folder_trains_decoded_in_loader_workers_as_uint8(train_cfg, folder: Path) -> None:
+    cfg = train_cfg(*RUN, f"data.root={folder}", "data.num_workers=1", "data.persistent_workers=false")
+    result = train(cfg)
+    dm = result.trainer.datamodule
+    assert dm.class_names == ["blob", "green", "stripes"] and dm.num_classes == 3
+    assert isinstance(dm.splits["train"], ImageFiles)  # files, not a tensor in memory
+    loader = dm.train_dataloader()
+    assert isinstance(loader, ResumableDataLoader) and loader.num_workers == 1
+    x, y = next(iter(loader))
+    assert x.dtype == torch.uint8 and x.shape == (8, 3, 16, 16) and y.dtype == torch.int64
+    assert sum(len(dm.splits[s]) for s in ("train", "val", "test")) == 72  # notes.txt left out
+    assert result.metrics["test/acc"] > 1 / 3  # it learns the patterns
+    best = torch.load(result.best_checkpoint, weights_only=True)
+    assert best[CLASS_NAMES_KEY] == ["blob", "green", "stripes"]
+
+
+def test_named_split_folders_are_kept_and_validation_is_drawn_from_train(tmp_path: Path) -> None:
+    root = tmp_path / "named"
+    image_folder(root / "train", per_class=10)
+    image_folder(root / "test", per_class=3, seed=1)
+    dm = ImageFolderDataModule(root=str(root), image_size=8, val_fraction=0.2, batch_size=4)
+    dm.setup("fit")
+    assert {s: len(dm.splits[s]) for s in ("train", "val", "test")} == {"train": 24, "val": 6, "test": 9}
+    assert all(f.startswith("test/") for f in dm.splits["test"].files)
+    assert not set(dm.splits["val"].files) & set(dm.splits["train"].files)
+
+
+def test_the_decode_once_cache_serves_the_same_pixels_from_memory_and_follows_changes(
+    tmp_path: Path, folder: Path, monkeypatch
+) -> None:
+    def module(cache: bool) -> ImageFolderDataModule:
+        dm = ImageFolderDataModule(
+            root=str(folder),
+            image_size=16,
+            cache=cache,
+            data_dir=str(tmp_path / "d"),
+            batch_size=8,
+            on_device="auto",
+        )
+        dm.prepare_data()
+        dm.setup("fit")
+        return dm
+
+    files, cached = module(False), module(True)
+    (path,) = (tmp_path / "d" / "image_folder").glob("*.pt")
+    assert not list(path.parent.glob(".*"))  # no temporary file left
+    for split in ("train", "val", "test"):
+        x, y = cached.splits[split].tensors
+        assert x.dtype == torch.uint8
+        whole = files.splits[split].__getitems__(list(range(len(y))))
+        assert torch.equal(x, whole[0]) and torch.equal(y, whole[1])
+    assert torch.equal(cached.sample_ids["train"], files.sample_ids["train"])
+    assert cached.uses_device_loader() and not files.uses_device_loader()
+
+    monkeypatch.setattr("lightspeed.data.images.decode", lambda *a: pytest.fail("decoded again"))
+    module(True)  # read from the cache file
+    monkeypatch.undo()
+    save(np.zeros((16, 16, 3), np.uint8), folder / "green" / "0.png")  # a file changes: decoded again
+    changed = module(True)
+    (fresh,) = set(path.parent.glob("*.pt")) - {path}
+    pixels = torch.load(fresh, weights_only=True)["pixels"]
+    assert (pixels[changed.listing.files.index("green/0.png")] == 0).all()
+
+
+def test_eval_refuses_a_folder_whose_classes_differ_and_names_classes_in_predictions(
+    train_cfg, eval_cfg, folder: Path, tmp_path: Path, capsys
+) -> None:
+    train(train_cfg(*RUN, f"data.root={folder}"))
+    evaluate(eval_cfg("predict=true"))
+    (predictions,) = (tmp_path / "logs" / "eval").glob("**/predictions.csv")
+    rows = list(csv.DictReader(predictions.open()))
+    names = ["blob", "green", "stripes"]
+    assert rows and all(r["pred_class"] == names[int(r["pred"])] for r in rows)
+    assert all(r["target_class"] == names[int(r["target"])] for r in rows)
+
+    shutil.move(folder / "stripes", folder / "zebra")  # same count, another meaning for label 2
+    with pytest.raises(SystemExit) as exit_, exit_on_config_error():
+        evaluate(eval_cfg())
+    assert exit_.value.code == 2
+    assert "trained on classes ['blob', 'green', 'stripes'] but the data has ['blob', 'green', 'zebra']" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_file_that_is_not_an_image_ends_in_one_line_naming_it(train_cfg, folder: Path, capsys) -> None:
+    (folder / "green" / "5.png").write_bytes(b"not a png")
+    cfg = train_cfg(*RUN, f"data.root={folder}", "data.num_workers=1", "data.persistent_workers=false")
+    with pytest.raises(SystemExit) as exit_:
+        train(cfg)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "green/5.png cannot be decoded as an image" in err[-1], err[-3:]
+
+
+@pytest.mark.parametrize(
+    ("settings", "line"),
+    [
+        ([], "data.root is not set: data=image_folder needs data.root="),
+        (["data.root=/nonexistent/x"], "data.root=/nonexistent/x is not a folder"),
+        (["data.root={folder}", "data.channels=2"], "data.channels=2 is invalid"),
+    ],
+)
+def test_a_bad_folder_setting_is_one_line(
+    train_cfg, folder: Path, capsys, settings: list[str], line: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        train(train_cfg(*RUN, *(s.format(folder=folder) for s in settings)))
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith(f"error: {line}")
+
+
+def test_on_device_true_needs_the_cache(train_cfg, folder: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        train(train_cfg(*RUN, f"data.root={folder}", "data.on_device=true"))
+    assert "data.on_device=true needs the data set in memory" in capsys.readouterr().err
+
+
+def test_a_run_on_files_resumes_mid_epoch_bit_identically(train_cfg, folder: Path, tmp_path: Path) -> None:
+    exact = [
+        *RUN,
+        f"data.root={folder}",
+        "data.num_workers=1",
+        "data.augment.crop_padding=2",
+        "++trainer.limit_train_batches=null",
+        "trainer.max_epochs=2",
+        "trainer.deterministic=true",
+        "test_after_fit=false",
+    ]
+    whole = train(train_cfg(*exact, f"paths.output_dir={tmp_path / 'whole'}"))
+    cut = [*exact, f"paths.output_dir={tmp_path / 'cut'}"]
+    with pytest.raises(SystemExit):
+        train(train_cfg(*cut), [Fault("sigterm", step=3)])  # mid first epoch (7 steps an epoch)
+    resumed = train(train_cfg(*cut))
+    assert resumed.trainer.global_step == whole.trainer.global_step == 14
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
