@@ -32,7 +32,7 @@ REST := $(filter-out -m --multirun,$(ARGS))
 explain = bash scripts/exit_code.sh $$? "$(1)"
 
 .DEFAULT_GOAL := help
-.PHONY: help install train eval doctor bench test test-full bench-data chaos gpu-check lint format clean
+.PHONY: help install train eval shards doctor bench test test-full bench-data chaos gpu-check lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -41,7 +41,8 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(TORCH)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	@# torch stays the one TORCH installed (LitData's torchvision would otherwise bring the newest torch in)
+	$(PY) -m pip install --quiet -e ".[dev]" "torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')"
 	@touch $@
 
 install: $(STAMP)  ## make .venv: torch (TORCH=...), then this package editable with its dev extra
@@ -51,6 +52,9 @@ train: $(STAMP)  ## train (default: CNN on digits); KEY=VALUE overrides, ARGS=".
 
 eval: $(STAMP)  ## test the newest run's best checkpoint (ckpt_path=... for another, predict=true)
 	$(PY) -m lightspeed.eval $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.eval)
+
+shards: $(STAMP)  ## write a data set as LitData shards for data=shards (data=<name> shards.out=<folder>)
+	$(PY) -m lightspeed.shards $(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.shards)
 
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
 	$(PY) -m lightspeed.doctor $(ARGS)

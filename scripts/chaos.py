@@ -1,10 +1,12 @@
 """Fault injection: kill training at random moments, rerun the same command, compare with a run that
 was never interrupted.
 
-    python scripts/chaos.py [--trials 5] [--mode single|ddp_cpu|both] [--seed 0] [-- extra overrides]
+    python scripts/chaos.py [--trials 5] [--mode single|ddp_cpu|shards|all] [--seed 0] [-- extra overrides]
 
-For each mode: one uninterrupted reference run, then `--trials` runs that are each SIGKILLed (the
-whole process group: every rank, as a lost node or an OOM killer would) at a random moment during
+Modes: one process, two DDP ranks on the CPU (`ddp_cpu`), and one process streaming the same data from
+LitData shards (`shards`, the data-larger-than-memory path, a loader worker reading them). For each
+mode: one uninterrupted reference run, then `--trials` runs that are each SIGKILLed (the whole process
+group: every rank, as a lost node or an OOM killer would) at a random moment during
 training, and rerun with the same command until they finish (`resume=auto` continues from the newest
 loadable checkpoint; a save cut short leaves only a `.tmp`). Checkpoints are written every 3 steps, so
 kills land mid-epoch, at epoch ends and during saves (and a few in the final test). Each finished
@@ -34,10 +36,8 @@ from pathlib import Path
 import torch
 
 #: Small, deterministic, and random where it matters: dropout and random crops/flips draw from the RNG.
+DATA = ["data=synthetic", "data.num_samples=6000", "data.shape=[3,8,8]"]
 RUN = [
-    "data=synthetic",
-    "data.num_samples=6000",
-    "data.shape=[3,8,8]",
     "data.batch_size=64",  # 4800 training samples: 75 steps an epoch
     "model=mlp",
     "model.net.dropout=0.3",
@@ -51,11 +51,32 @@ RUN = [
     "trainer.enable_progress_bar=false",
     "trainer.enable_model_summary=false",
 ]
-MODES = {"single": [], "ddp_cpu": ["trainer=ddp_cpu"]}
+#: The same data streamed from LitData shards (written once, by `python -m lightspeed.shards`, into SHARDS
+#: under the chaos folder), read by a loader worker, with random flips.
+STREAMED = ["data=shards", "data.path={shards}", "data.num_workers=1", "data.augment.flip=true"]
+MODES = {"single": DATA, "ddp_cpu": ["trainer=ddp_cpu", *DATA], "shards": STREAMED}
+SHARDS = "shards"
 
 
 def command(mode: str, run_dir: Path, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "lightspeed.train", *MODES[mode], *RUN, *extra, f"hydra.run.dir={run_dir}"]
+    shards = run_dir.parent.parent / SHARDS
+    modal = [o.format(shards=shards) for o in MODES[mode]]
+    return [sys.executable, "-m", "lightspeed.train", *modal, *RUN, *extra, f"hydra.run.dir={run_dir}"]
+
+
+def write_shards(root: Path) -> None:
+    """The chaos data set as LitData shards of 64 KB (the training split in ~60 chunks)."""
+    out = root / SHARDS
+    if not out.exists():
+        cmd = [
+            sys.executable,
+            "-m",
+            "lightspeed.shards",
+            *DATA,
+            f"shards.out={out}",
+            "shards.chunk_bytes=64KB",
+        ]
+        subprocess.run([*cmd, f"hydra.run.dir={root / 'shards-log'}"], check=True, capture_output=True)
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -160,7 +181,7 @@ def foreign_checkpoint(mode: str, run_dir: Path, extra: list[str], training: flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    parser.add_argument("--mode", choices=[*MODES, "all"], default="all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, help="keep the runs in this folder (default: a temporary one)")
     parser.add_argument("extra", nargs="*", help="more overrides for every run")
@@ -168,7 +189,9 @@ def main() -> None:
     rng = random.Random(args.seed)
     root = args.keep or Path(tempfile.mkdtemp(prefix="chaos-"))
     failed = False
-    for mode in MODES if args.mode == "both" else [args.mode]:
+    for mode in MODES if args.mode == "all" else [args.mode]:
+        if mode == "shards":
+            write_shards(root)
         reference = root / mode / "reference"
         reference.mkdir(parents=True)
         proc = start(command(mode, reference, args.extra), reference.with_suffix(".log"))

@@ -134,3 +134,22 @@ def run_ddp_cpu(tmp_path: Path, *overrides: str, probe: bool = True) -> subproce
         *(ranks if probe else []),
         cwd=tmp_path,
     )
+
+
+def assert_resumes_exactly(
+    train_cfg: Compose, tmp_path: Path, overrides: list[str], at: int, steps: int
+) -> None:
+    """A run stopped by SIGTERM after step `at` (it saves and exits) and run again ends with the very
+    weights of an uninterrupted one, after `steps` steps: the loader continued where it stopped."""
+    from lightspeed.train import train
+    from probes import Fault
+
+    exact = [*overrides, "trainer.deterministic=true", "test_after_fit=false"]
+    whole = train(train_cfg(*exact, f"paths.output_dir={tmp_path / 'whole'}"))
+    cut = [*exact, f"paths.output_dir={tmp_path / 'cut'}"]
+    with pytest.raises(SystemExit):
+        train(train_cfg(*cut), [Fault("sigterm", step=at)])
+    resumed = train(train_cfg(*cut))
+    assert resumed.trainer.global_step == whole.trainer.global_step == steps
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key

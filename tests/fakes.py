@@ -181,6 +181,11 @@ def image_folder(root: Path, per_class: int = 24, seed: int = 0, classes: tuple[
 
 def give_data_folder(cfg, tmp_path: Path) -> None:
     """What a composed config needs to run here: a data set that reads a folder (`data.root: null`) gets a
-    generated image folder."""
+    generated image folder; one that streams shards (`data.path: null`), shards of digits."""
     if "root" in cfg.data and cfg.data.root is None:
         cfg.data.root = str(image_folder(tmp_path / "images"))
+    if "path" in cfg.data and cfg.data.path is None:
+        from lightspeed.data import DigitsDataModule
+        from lightspeed.data.shards import write_shards
+
+        cfg.data.path = str(write_shards(DigitsDataModule(), tmp_path / "shards", "64KB"))

@@ -3,6 +3,7 @@ tests put this folder on PYTHONPATH and add them with `+callbacks.<name>._target
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -59,6 +60,28 @@ class RankProbe(L.Callback):
             "loader": type(trainer.train_dataloader).__name__,
         }
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(facts))
+
+
+class SeenSamples(L.Callback):
+    """Writes `<out>/rank<R>.json`: a hash of every training sample the rank trained on in the first epoch
+    (for loaders without a sampler to ask: streamed shards)."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.samples: list[str] = []
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int
+    ) -> None:
+        if trainer.current_epoch == 0:
+            rows = batch[0].detach().cpu().reshape(len(batch[0]), -1)
+            self.samples += [hashlib.blake2b(r.numpy().tobytes(), digest_size=8).hexdigest() for r in rows]
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            facts = {"rank": trainer.global_rank, "samples": self.samples}
+            (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(facts))
 
 
 class BatchProbe(L.Callback):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import TINY
+from conftest import TINY, assert_resumes_exactly
 from fakes import image_folder
 from lightspeed.core.config import exit_on_config_error
 from lightspeed.data.device_loader import ResumableDataLoader
@@ -20,7 +20,6 @@ from lightspeed.data.images import ImageFiles, decode
 from lightspeed.eval import run as evaluate
 from lightspeed.resilience.identity import CLASS_NAMES_KEY
 from lightspeed.train import train
-from probes import Fault
 
 RUN = [*TINY, "data=image_folder", "data.image_size=16", "data.batch_size=8", "model.scheduler.name=none"]
 
@@ -179,21 +178,12 @@ def test_on_device_true_needs_the_cache(train_cfg, folder: Path, capsys) -> None
 
 
 def test_a_run_on_files_resumes_mid_epoch_bit_identically(train_cfg, folder: Path, tmp_path: Path) -> None:
-    exact = [
+    overrides = [
         *RUN,
         f"data.root={folder}",
         "data.num_workers=1",
         "data.augment.crop_padding=2",
         "++trainer.limit_train_batches=null",
         "trainer.max_epochs=2",
-        "trainer.deterministic=true",
-        "test_after_fit=false",
     ]
-    whole = train(train_cfg(*exact, f"paths.output_dir={tmp_path / 'whole'}"))
-    cut = [*exact, f"paths.output_dir={tmp_path / 'cut'}"]
-    with pytest.raises(SystemExit):
-        train(train_cfg(*cut), [Fault("sigterm", step=3)])  # mid first epoch (7 steps an epoch)
-    resumed = train(train_cfg(*cut))
-    assert resumed.trainer.global_step == whole.trainer.global_step == 14
-    for key, value in whole.model.state_dict().items():
-        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    assert_resumes_exactly(train_cfg, tmp_path, overrides, at=3, steps=14)  # 7 steps an epoch

@@ -18,7 +18,7 @@ FLOORS: list[set[str]] = [
     {"models", "data", "testing"},  # the user's part
     {"resilience", "speed"},  # the machinery, by concern
     {"run"},  # composing the config, building the objects
-    {"train", "eval", "bench", "doctor", "callbacks"},  # the commands, and the names conf/ uses
+    {"train", "eval", "shards", "bench", "doctor", "callbacks"},  # the commands, and the names conf/ uses
 ]
 
 

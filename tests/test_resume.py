@@ -152,11 +152,13 @@ def test_a_preempted_and_resumed_run_is_bit_identical_to_an_uninterrupted_one(
 
 @pytest.mark.slow
 def test_chaos_one_kill_and_resume_per_mode_is_bit_identical(tmp_path: Path) -> None:
-    """scripts/chaos.py, one trial on one process and one under ddp_cpu (`make chaos` runs more)."""
+    """scripts/chaos.py, one trial on one process, one under ddp_cpu and one streaming LitData shards (`make
+    chaos` runs more)."""
     proc = run_script("chaos.py", "--trials", "1", "--keep", str(tmp_path / "chaos"), cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "single: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
     assert "ddp_cpu: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
+    assert "shards: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
 
 
 def test_a_last_checkpoint_behind_the_one_resumed_from_is_brought_up_to_date(

@@ -46,6 +46,9 @@ class _DropKnownLines(logging.Filter):
 def silence_known_noise() -> None:
     for message, category, module in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    # LitData (data=shards) logs how it reads chunks and sizes its (unused, for local files) cache at INFO
+    # on every loader; its warnings stay.
+    logging.getLogger("litdata").setLevel(logging.WARNING)
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropKnownLines) for f in rank_zero_logger.filters):
         rank_zero_logger.addFilter(_DropKnownLines())

@@ -1,0 +1,174 @@
+"""Data larger than memory: `make shards` writes any data set as LitData shards, `data=shards` streams them,
+resumes mid-epoch exactly, deals them out by rank, and holds about a chunk in anonymous memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, TINY, assert_resumes_exactly, run_module
+from fakes import image_folder
+from lightspeed.data import DigitsDataModule, SyntheticDataModule
+from lightspeed.data.image_folder import ImageFolderDataModule
+from lightspeed.data.shards import META, ShardsDataModule, write_shards
+from lightspeed.resilience.identity import CLASS_NAMES_KEY
+from lightspeed.run.entry import compose_config
+from lightspeed.shards import convert
+from lightspeed.train import train
+
+RUN = [*TINY, "data=shards", "data.batch_size=16", "model=mlp", "model.scheduler.name=none"]
+
+
+def synthetic(n: int = 600, shape: tuple[int, ...] = (3, 8, 8)) -> SyntheticDataModule:
+    return SyntheticDataModule(num_samples=n, shape=shape, batch_size=16)
+
+
+def test_make_shards_writes_every_split_and_a_run_streams_them(tmp_path: Path, train_cfg) -> None:
+    cfg = compose_config("shards", ["data=digits", f"shards.out={tmp_path / 'digits'}"], tmp_path / "logs")
+    out = convert(cfg)
+    meta = json.loads((out / META).read_text())
+    assert meta["samples"] == {"train": 1258, "val": 180, "test": 359} and meta["input_shape"] == [1, 8, 8]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+    result = train(
+        train_cfg(
+            *RUN,
+            f"data.path={out}",
+            "model=cnn",
+            "trainer.max_epochs=3",
+            "++trainer.limit_train_batches=null",
+            "++trainer.limit_val_batches=null",
+            "++trainer.limit_test_batches=null",
+        )
+    )
+    assert result.metrics["test/acc"] > 0.8
+    # the same samples as the in-memory data set, in the same splits: the checkpoint knows them
+    digits = DigitsDataModule()
+    digits.setup()
+    best = torch.load(result.best_checkpoint, weights_only=True)
+    assert torch.equal(best["train_samples"], digits.sample_ids["train"])
+
+
+def test_image_folder_shards_keep_uint8_pixels_the_scaling_and_the_class_names(
+    tmp_path: Path, train_cfg
+) -> None:
+    images = ImageFolderDataModule(root=str(image_folder(tmp_path / "img")), image_size=8, batch_size=8)
+    out = write_shards(images, tmp_path / "shards", "64KB")
+    dm = ShardsDataModule(path=str(out), batch_size=8)
+    dm.setup("fit")
+    assert dm.class_names == ["blob", "green", "stripes"] and dm.input_scale == images.input_scale
+    x, y = next(iter(dm.val_dataloader()))
+    assert x.dtype == torch.uint8 and x.shape == (7, 3, 8, 8)  # all 7 validation images (72 x 0.1)
+    assert y.dtype == torch.int64
+    result = train(train_cfg(*RUN, f"data.path={out}", "data.batch_size=8"))
+    assert torch.load(result.trainer.checkpoint_callback.last_model_path, weights_only=True)[
+        CLASS_NAMES_KEY
+    ] == ["blob", "green", "stripes"]
+
+
+def test_an_interrupted_conversion_leaves_nothing_and_an_existing_folder_is_refused(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from litdata.streaming.writer import BinaryWriter
+
+    def cut(self) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BinaryWriter, "done", cut)
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(synthetic(), tmp_path / "out", "64KB")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    write_shards(synthetic(), tmp_path / "out", "64KB")
+    with pytest.raises(ValueError, match=r"shards\.out=.*holds shards already"):
+        write_shards(synthetic(), tmp_path / "out", "64KB")
+
+
+def test_a_missing_or_unset_path_is_one_line(train_cfg, tmp_path: Path, capsys) -> None:
+    for settings, line in (([], "data.path is not set"), ([f"data.path={tmp_path}"], "holds no shards")):
+        with pytest.raises(SystemExit) as exit_:
+            train(train_cfg(*RUN, *settings))
+        assert exit_.value.code == 2 and line in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_sharded_run_resumes_mid_epoch_bit_identically(train_cfg, tmp_path: Path, workers: int) -> None:
+    out = write_shards(synthetic(), tmp_path / "shards", "16KB")  # 420 training samples in 23 chunks
+    overrides = [
+        *RUN,
+        f"data.path={out}",
+        f"data.num_workers={workers}",
+        "data.augment.flip=true",
+        "model.net.dropout=0.3",
+        "++trainer.limit_train_batches=null",
+        "trainer.max_epochs=2",
+    ]
+    assert_resumes_exactly(train_cfg, tmp_path, overrides, at=11, steps=52)  # 26 steps an epoch
+
+
+@pytest.mark.slow
+def test_ddp_cpu_ranks_stream_disjoint_shards(tmp_path: Path) -> None:
+    out = write_shards(synthetic(), tmp_path / "shards", "16KB")
+    proc = run_module(
+        "lightspeed.train",
+        "trainer=ddp_cpu",
+        *RUN,
+        f"data.path={out}",
+        "++trainer.limit_train_batches=null",
+        "trainer.max_epochs=1",
+        "test_after_fit=false",
+        "+callbacks.probe._target_=probes.SeenSamples",
+        f"+callbacks.probe.out={tmp_path / 'probe'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    a, b = (set(r["samples"]) for r in ranks)
+    assert len(a) == len(ranks[0]["samples"]) == len(b) == 208  # 420 training samples: 13 steps of 16 a rank
+    assert not a & b
+
+
+MEMORY_SCRIPT = """
+import sys
+from lightspeed.data.shards import ShardsDataModule
+
+def rss_anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon"):
+            return int(line.split()[1]) * 1024
+
+dm = ShardsDataModule(path=sys.argv[1], batch_size=16)  # 0.75 MiB a batch
+dm.setup("fit")
+batches = iter(dm.train_dataloader())
+seen = len(next(batches)[0])
+baseline = peak = rss_anon()
+for x, y in batches:
+    seen += len(x)
+    peak = max(peak, rss_anon())
+print(baseline, peak, seen)
+"""
+
+
+def test_streaming_shards_larger_than_the_allowed_growth_keeps_anonymous_memory_bounded(
+    tmp_path: Path,
+) -> None:
+    """Shards 8x the allowed growth (two chunks) are read in a fresh process: from its first batch on (the
+    baseline: imports done, the loader running), its anonymous memory (RssAnon: not the page cache, not
+    memory-mapped files) stays within the baseline plus two chunks."""
+    chunk = 4 * 2**20
+    out = write_shards(synthetic(n=2000, shape=(3, 64, 64)), tmp_path / "shards", chunk)  # 48 KiB a sample
+    written = sum(p.stat().st_size for p in (out / "train").glob("*.bin"))
+    assert written > 8 * chunk
+    script = tmp_path / "read.py"
+    script.write_text(MEMORY_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(out)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    baseline, peak, seen = map(int, proc.stdout.split()[-3:])
+    assert seen == 1400 - 1400 % 16  # 1400 training samples, full batches
+    assert peak - baseline < 2 * chunk, f"RssAnon grew {(peak - baseline) / 2**20:.1f} MiB"
