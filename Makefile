@@ -68,7 +68,7 @@ test-full: $(STAMP)  ## every test, the slow ones too
 bench: $(STAMP)  ## presets and single-knob ablations -> bench.md, bench.png (ARGS="--steps 100 --configs off,max")
 	$(PY) -m lightspeed.bench $(OVERRIDES) $(ARGS)
 
-bench-data: $(STAMP)  ## device-resident loader vs DataLoader: samples/s (scripts/bench_data.py)
+bench-data: $(STAMP)  ## loaders, then the three data paths (memory, files, shards): samples/s (scripts/bench_data.py)
 	$(PY) scripts/bench_data.py $(ARGS)
 
 chaos: $(STAMP)  ## kill training at random moments, resume, compare with an uninterrupted run (ARGS="--trials 5")

@@ -1,0 +1,18 @@
+"""scripts/bench_data.py as `make bench-data` runs it, on a small folder: every data path gets a figure."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from conftest import REPO, run_script
+
+
+def test_the_data_paths_bench_measures_every_path_on_the_same_images(tmp_path: Path) -> None:
+    args = ("--repeats", "1", "--seconds", "0.05", "--images", "160", "--workers", "0")
+    proc = run_script("bench_data.py", *args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = dict(re.findall(r"^\| (in memory|files|streamed) .*?\| 0 \| ([\d,]+) \|", proc.stdout, re.M))
+    assert set(rows) == {"in memory", "files", "streamed"}, proc.stdout
+    assert all(int(rate.replace(",", "")) > 0 for rate in rows.values()), proc.stdout
+    assert "| digits |" in proc.stdout and REPO.exists()
