@@ -13,10 +13,10 @@ from PIL import Image
 
 from conftest import TINY, assert_resumes_exactly
 from fakes import image_folder
-from lightspeed.core.config import exit_on_config_error
+from lightspeed.core.config import ConfigError, exit_on_config_error
 from lightspeed.data.device_loader import ResumableDataLoader
 from lightspeed.data.image_folder import ImageFolderDataModule
-from lightspeed.data.images import ImageFiles, decode
+from lightspeed.data.images import ImageFiles, decode, scan
 from lightspeed.eval import run as evaluate
 from lightspeed.resilience.identity import CLASS_NAMES_KEY
 from lightspeed.train import train
@@ -59,6 +59,32 @@ def test_grey_palette_and_alpha_images_become_the_channels_asked_for(tmp_path: P
     assert decode(rgba, 10, 3)[:, 0, 0].tolist() == [10, 20, 30]  # alpha dropped
     assert decode(palette, 10, 3)[:, 0, 0].tolist() == [204, 0, 0]
     assert decode(rgba, 10, 1).shape == (1, 10, 10)
+
+
+def test_the_exif_orientation_is_applied_and_16_bit_grey_is_scaled_not_clipped(tmp_path: Path) -> None:
+    tall = np.zeros((40, 20, 3), np.uint8)
+    tall[:20] = 255  # white top half, as stored
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 clockwise to view", as a phone writes it
+    Image.fromarray(tall).save(tmp_path / "phone.jpg", exif=exif)
+    shown = decode(tmp_path / "phone.jpg", 20, 1)  # seen as 40 wide, 20 high: the white half on the right
+    assert shown[0, :, :8].float().mean() < 40 and shown[0, :, 12:].float().mean() > 215
+    ramp = np.tile(np.linspace(0, 65535, 32).astype(np.uint16), (32, 1))
+    Image.fromarray(ramp).save(tmp_path / "deep.png")  # mode I;16
+    grey = decode(tmp_path / "deep.png", 32, 1)[0]
+    assert grey[0, 0] == 0 and grey[0, -1] == 255 and 120 < grey.float().mean() < 135
+
+
+def test_hidden_folders_are_not_classes_and_train_beside_other_folders_is_refused(tmp_path: Path) -> None:
+    root = image_folder(tmp_path / "shapes")
+    (root / ".ipynb_checkpoints").mkdir()
+    (root / "__MACOSX").mkdir()
+    image_folder(root / "green" / ".thumbnails", per_class=2)  # hidden copies inside a class
+    assert scan(root).classes == ["blob", "green", "stripes"] and len(scan(root).files) == 72
+    image_folder(tmp_path / "mixed" / "train", per_class=2)
+    (tmp_path / "mixed" / "valid").mkdir()
+    with pytest.raises(ConfigError, match=r"has train/ beside valid: name the splits train/, val/, test/"):
+        scan(tmp_path / "mixed")
 
 
 def test_the_folder_trains_decoded_in_loader_workers_as_uint8(train_cfg, folder: Path) -> None:
@@ -121,6 +147,7 @@ def test_the_decode_once_cache_serves_the_same_pixels_from_memory_and_follows_ch
     save(np.zeros((16, 16, 3), np.uint8), folder / "green" / "0.png")  # a file changes: decoded again
     changed = module(True)
     (fresh,) = set(path.parent.glob("*.pt")) - {path}
+    assert not path.exists()  # the folder's older cache is removed
     pixels = torch.load(fresh, weights_only=True)["pixels"]
     assert (pixels[changed.listing.files.index("green/0.png")] == 0).all()
 
@@ -140,9 +167,7 @@ def test_eval_refuses_a_folder_whose_classes_differ_and_names_classes_in_predict
     with pytest.raises(SystemExit) as exit_, exit_on_config_error():
         evaluate(eval_cfg())
     assert exit_.value.code == 2
-    assert "trained on classes ['blob', 'green', 'stripes'] but the data has ['blob', 'green', 'zebra']" in (
-        capsys.readouterr().err
-    )
+    assert "label 2 is 'stripes' in training, 'zebra' here" in capsys.readouterr().err
 
 
 def test_a_file_that_is_not_an_image_ends_in_one_line_naming_it(train_cfg, folder: Path, capsys) -> None:

@@ -4,6 +4,8 @@ resumes mid-epoch exactly, deals them out by rank, and holds about a chunk in an
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +89,32 @@ def test_an_interrupted_conversion_leaves_nothing_and_an_existing_folder_is_refu
     write_shards(synthetic(), tmp_path / "out", "64KB")
     with pytest.raises(ValueError, match=r"shards\.out=.*holds shards already"):
         write_shards(synthetic(), tmp_path / "out", "64KB")
+
+
+def test_shards_are_readable_like_any_file_and_a_folder_in_the_way_is_refused_before_any_work(
+    tmp_path: Path, train_cfg
+) -> None:
+    out = write_shards(synthetic(), tmp_path / "out", "64KB")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"shards\.out=.*other holds other files: delete it"):
+        write_shards(synthetic(), other, "64KB")
+    cfg = compose_config(
+        "shards", ["data=shards", f"data.path={out}", f"shards.out={tmp_path / 'x'}"], tmp_path
+    )
+    with pytest.raises(SystemExit):
+        convert(cfg)
+
+
+def test_a_rank_short_of_its_share_of_chunks_is_one_line(tmp_path: Path) -> None:
+    dm = ShardsDataModule(path=str(write_shards(synthetic(), tmp_path / "out", "1MB")), batch_size=16)
+    dm._check_share(420)  # all of it
+    with pytest.raises(ValueError, match=r"rank 0 of 1 gets 0 of its 420 training samples \(1 chunks"):
+        dm._check_share(0)
 
 
 def test_a_missing_or_unset_path_is_one_line(train_cfg, tmp_path: Path, capsys) -> None:

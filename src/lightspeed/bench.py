@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.data import TensorDataset
 
 from lightspeed.speed.steady import MAX_WARMUP
 
@@ -123,6 +124,13 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
     torch.manual_seed(cfg.seed)
     dm = build.datamodule(cfg)
     dm.setup("fit")
+    if not isinstance(getattr(dm, "splits", {}).get("train"), TensorDataset):
+        print(
+            f"error: the hand rows slice a data set held in memory; {type(dm).__name__} reads files: bench "
+            "with data.cache=true (an image folder), or with the data set the shards were made from",
+            file=sys.stderr,
+        )
+        return 2
     x, y = dm.splits["train"].tensors
     device = accel.device_type(cfg)
     data = OmegaConf.to_container(cfg.data, resolve=True)

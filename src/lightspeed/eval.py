@@ -150,7 +150,9 @@ def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
             "pass data=... to evaluate on other data"
         )
     keep = {k: cfg.data[k] for k in LOADER_KNOBS if k in cfg.data}  # this machine's, from the accel preset
-    keep |= {k: cfg.data[k] for k in ("data_dir", "mirrors") if f"data.{k}" in given and k in cfg.data}
+    keep |= {
+        k: cfg.data[k] for k in ("data_dir", "mirrors", "cache") if f"data.{k}" in given and k in cfg.data
+    }
     with open_dict(cfg):
         cfg.data = OmegaConf.merge(OmegaConf.create(run_data), keep)
     check_node(cfg.data, "data")  # a checkpoint is input too: its data names only allowed code
@@ -208,9 +210,17 @@ def _check_classes(trained: list[str] | None, dm: L.LightningDataModule) -> list
     (label i must mean the class it meant in training)."""
     names = getattr(dm, "class_names", None)
     if trained is not None and names is not None and list(names) != list(trained):
+        first = next(
+            (i for i, pair in enumerate(zip(trained, names, strict=False)) if pair[0] != pair[1]), None
+        )
+        differs = (
+            f"label {first} is {trained[first]!r} in training, {names[first]!r} here"
+            if first is not None
+            else f"{len(trained)} classes in training, {len(names)} here"
+        )
         raise ConfigError(
-            f"the checkpoint was trained on classes {list(trained)} but the data has {list(names)}: "
-            "evaluate on data with the same class folders"
+            f"the checkpoint's classes are not the data's ({differs}): evaluate on data with the same "
+            "class folders"
         )
     return list(trained) if trained is not None else None
 

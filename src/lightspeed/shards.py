@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_common
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
-from lightspeed.data.shards import META, write_shards
+from lightspeed.data.shards import META, ShardsDataModule, write_shards
 from lightspeed.run import build
 from lightspeed.run.entry import hydra_entry
 
@@ -22,8 +22,11 @@ def convert(cfg: DictConfig) -> Path:
     with exit_on_config_error():
         validate_common(cfg)
         dm = build.datamodule(cfg)
-        if not isinstance(dm, ArrayDataModule):
-            raise ConfigError(f"data: make shards converts ArrayDataModules; {type(dm).__name__} is not one")
+        if not isinstance(dm, ArrayDataModule) or isinstance(dm, ShardsDataModule):
+            raise ConfigError(
+                f"data: make shards converts data sets held in memory or in files; "
+                f"{type(dm).__name__} is not one"
+            )
         out = write_shards(dm, Path(cfg.shards.out), cfg.shards.chunk_bytes)
     counts = json.loads((out / META).read_text())["samples"]
     rank_zero_info(

@@ -289,7 +289,8 @@ class ArrayDataModule(L.LightningDataModule):
         # Evaluation (and overfit_batches) under DDP: each sample on exactly one rank. Lightning's default
         # sampler pads the last batch with repeats, which would count some samples twice in the metrics.
         sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
-        return DataLoader(batches, sampler=sampler if world > 1 else None, collate_fn=whole_batch, **options)
+        whole = whole_batch if hasattr(batches, "__getitems__") else None  # else: your Dataset, per sample
+        return DataLoader(batches, sampler=sampler if world > 1 else None, collate_fn=whole, **options)
 
     def train_dataloader(self) -> DataLoader | DeviceLoader:
         # overfit_batches: the same batches every epoch

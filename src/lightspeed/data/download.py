@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lightspeed.core.config import ConfigError
+from lightspeed.core.files import readable
 from lightspeed.data.base import ArrayDataModule
 
 #: Seconds without a byte from the server before a download attempt is given up.
@@ -79,6 +80,7 @@ def fetch(remote: Remote, folder: Path, mirrors: Sequence[str] | None = None) ->
                 continue
             else:
                 if got == remote.md5:
+                    readable(part)
                     os.replace(part, target)
                     return target
                 tried.append(f"{url} (MD5 {got}, not the published {remote.md5})")

@@ -10,6 +10,7 @@ augmented on the device. The class names (sorted subfolder names) are kept in ea
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -21,9 +22,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed.core.config import ConfigError
+from lightspeed.core.files import readable
 from lightspeed.data.base import ArrayDataModule, mean_std
 from lightspeed.data.device_loader import whole_batch
-from lightspeed.data.images import ImageFiles, Listing, file_ids, fingerprint, scan
+from lightspeed.data.images import DECODE_VERSION, ImageFiles, Listing, file_ids, fingerprint, scan
 
 #: Training images decoded in `setup` to estimate the mean and standard deviation when they are not
 #: cached (spread evenly over the training split): a few seconds, not a pass over the whole folder.
@@ -82,14 +84,18 @@ class ImageFolderDataModule(ArrayDataModule):
         parts = self._draw_missing_splits(given)  # sample indices into the listing, per split
         ids = file_ids(listing.files)
         self.sample_ids = {name: ids[rows] for name, (rows, _) in parts.items()}
+        drawn = [s for s in ("val", "test") if s not in given]
+        if named and drawn:
+            rank_zero_info(f"data.root: no images in {', '.join(drawn)}/: drawn from train/")
+        # The statistics from the same images whether cached or not: data.cache changes how, not what.
+        rows = parts["train"][0]
+        sample = rows[torch.linspace(0, len(rows) - 1, min(len(rows), STATISTICS_SAMPLE)).long()]
         if self.cache:
             pixels = self._cached_pixels()
             self.splits = {name: TensorDataset(pixels[rows], y) for name, (rows, y) in parts.items()}
-            train_x = self.splits["train"].tensors[0]
+            train_x = pixels[sample]
         else:
             self.splits = {name: self._files(rows, y) for name, (rows, y) in parts.items()}
-            rows = parts["train"][0]
-            sample = rows[torch.linspace(0, len(rows) - 1, min(len(rows), STATISTICS_SAMPLE)).long()]
             train_x = self._files(sample, listing.labels[sample]).__getitems__(list(range(len(sample))))[0]
         self.input_scale = mean_std(train_x) if self.normalize else (0.0, 255.0)
         self._check_batch_size(stage)
@@ -101,12 +107,21 @@ class ImageFolderDataModule(ArrayDataModule):
     def _cached_pixels(self) -> Tensor:
         """Every image of the listing decoded, uint8 (N, C, H, W): from the cache file when it is there for
         this folder's current files and settings, else decoded (in the loader's workers) and written
-        atomically. Loaded memory-mapped and as plain tensors only."""
-        key = fingerprint(self.root, self.listing.files)
-        path = self.cache_dir / f"{self.root.name}-{self.image_size}px-{self.channels}ch-{key}.pt"
-        if path.is_file():
-            return torch.load(path, mmap=True, weights_only=True)["pixels"]
+        atomically, replacing the folder's older caches. Loaded memory-mapped and as plain tensors only;
+        a cache that does not load or does not match is decoded again."""
+        where = hashlib.blake2b(str(self.root.resolve()).encode(), digest_size=4).hexdigest()
+        stem = f"{self.root.name}-{where}-{self.image_size}px-{self.channels}ch-v{DECODE_VERSION}"
+        path = self.cache_dir / f"{stem}-{fingerprint(self.root, self.listing.files)}.pt"
         n = len(self.listing.files)
+        if path.is_file():
+            try:
+                cached = torch.load(path, mmap=True, weights_only=True)
+                if cached["files"] == self.listing.files and cached["pixels"].shape == (n, *self.input_shape):
+                    return cached["pixels"]
+            except Exception as err:  # a file cut short or not ours: decoded again
+                rank_zero_info(
+                    f"data.cache=true: {path} does not load ({type(err).__name__}): decoding again"
+                )
         rank_zero_info(f"data.cache=true: decoding {n} images of {self.root} once into {path}")
         pixels = torch.empty((n, *self.input_shape), dtype=torch.uint8)
         everything = self._files(torch.arange(n), self.listing.labels)
@@ -120,8 +135,14 @@ class ImageFolderDataModule(ArrayDataModule):
         try:
             with os.fdopen(fd, "wb") as f:
                 torch.save({"pixels": pixels, "files": self.listing.files}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            readable(Path(tmp))
             os.replace(tmp, path)  # whole or not at all: a run stopped while writing leaves no cache
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        for old in self.cache_dir.glob(f"{stem}-*.pt"):  # this folder's caches of files since changed
+            if old != path:
+                old.unlink(missing_ok=True)
         return pixels

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -19,6 +19,18 @@ from lightspeed.core.config import ConfigError
 EXTENSIONS = (".jpg", ".jpeg", ".png")
 #: Folder names that make a root's subfolders named splits instead of classes.
 SPLIT_FOLDERS = ("train", "val", "test")
+#: Raised when `decode` changes what it makes of a file: image-folder caches of an older version are
+#: decoded again.
+DECODE_VERSION = 2
+
+
+def _hidden(path: Path) -> bool:
+    """Hidden entries and archive leftovers (`.ipynb_checkpoints`, `__MACOSX`) are not data."""
+    return path.name.startswith(".") or path.name == "__MACOSX"
+
+
+def _folders(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not _hidden(p))
 
 
 @dataclass
@@ -35,7 +47,11 @@ class Listing:
 
 
 def _images(folder: Path) -> tuple[list[Path], int]:
-    found = sorted(p for p in folder.rglob("*") if p.is_file())
+    found = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(_hidden(q) for q in p.relative_to(folder).parents) and not _hidden(p)
+    )
     images = [p for p in found if p.suffix.lower() in EXTENSIONS]
     return images, len(found) - len(images)
 
@@ -48,11 +64,17 @@ def scan(root: Path) -> Listing:
         raise ConfigError(
             f"data.root={root} is not a folder: point it at a folder with one subfolder of images per class"
         )
-    subfolders = sorted(p.name for p in root.iterdir() if p.is_dir())
-    named = "train" in subfolders and set(subfolders) <= set(SPLIT_FOLDERS)
+    subfolders = _folders(root)
+    named = "train" in subfolders
+    others = sorted(set(subfolders) - set(SPLIT_FOLDERS))
+    if named and others:
+        raise ConfigError(
+            f"data.root={root} has train/ beside {', '.join(others)}: name the splits train/, val/, test/ "
+            "(or, for one folder per class, rename the class called train)"
+        )
     splits = {name: root / name for name in subfolders} if named else {None: root}
     train = splits["train"] if named else root
-    classes = sorted(p.name for p in train.iterdir() if p.is_dir())
+    classes = _folders(train)
     if not classes:
         raise ConfigError(f"data.root={root} has no class subfolders: put each class's images in its own")
     files: list[str] = []
@@ -60,7 +82,7 @@ def scan(root: Path) -> Listing:
     split_of: list[str | None] = []
     skipped = 0
     for split, folder in splits.items():
-        extra = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name not in classes)
+        extra = [name for name in _folders(folder) if name not in classes]
         if extra:
             raise ConfigError(
                 f"{folder} has classes that train has not ({', '.join(extra)}): give train/ a folder for each"
@@ -104,11 +126,17 @@ def file_ids(files: list[str]) -> Tensor:
 def decode(path: Path, size: int, channels: int) -> Tensor:
     """The image as uint8 (channels, size, size). Resize policy: the shorter side is scaled to `size`
     (bilinear, antialiased), then the centre is cut to `size` x `size`; an image of that size already is
-    kept as it is. Colour images become grey with `channels=1`; grey, palette and alpha images become RGB
-    with `channels=3` (alpha dropped)."""
+    kept as it is. The EXIF orientation is applied first; 16-bit grey is scaled to 8 bits. Colour images
+    become grey with `channels=1`; grey, palette and alpha images become RGB with `channels=3` (alpha
+    dropped)."""
     try:
         with Image.open(path) as image:
             image.draft("RGB" if channels == 3 else "L", (size, size))  # JPEG: decode at a reduced scale
+            image = ImageOps.exif_transpose(image)  # as a viewer shows it (a phone's rotated photos)
+            if image.mode.startswith("I"):  # 16- or 32-bit grey: to 8 bits by its range, not clipped
+                wide = np.asarray(image, dtype=np.float64)
+                top = 65535.0 if image.mode.startswith("I;16") else max(float(wide.max()), 1.0)
+                image = Image.fromarray((wide.clip(0, top) * (255.0 / top)).round().astype(np.uint8))
             image = image.convert("RGB" if channels == 3 else "L")
             w, h = image.size
             if (w, h) != (size, size):

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from lightspeed.core.config import ConfigError
+from lightspeed.core.files import readable
 from lightspeed.data.base import SPLITS, ArrayDataModule
 from lightspeed.data.device_loader import WholeBatches, whole_batch
 
@@ -35,12 +37,6 @@ IDS = "ids.pt"
 
 
 def _litdata() -> Any:
-    # LitData reads local chunks in place; with its full shuffle, each loader worker past the first waits
-    # ~0.1 s a batch for its chunks (LitData 0.2.76: 6.5 s against 0.7 s an epoch of 3,456 CIFAR-sized
-    # samples with 2 workers, measured here). Its other local mode, the one it picks for network file
-    # systems (chunks in a shuffled order, samples shuffled within a sliding window), has no such wait and
-    # resumes as exactly: chosen unless LITDATA_POSIX_FAST is set.
-    os.environ.setdefault("LITDATA_POSIX_FAST", "1")
     try:
         import litdata
     except ImportError:
@@ -57,8 +53,9 @@ def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB"
     _litdata()
     from litdata.streaming.writer import BinaryWriter
 
-    if (out / META).is_file():
-        raise ConfigError(f"shards.out={out} holds shards already: delete it, or write to another folder")
+    if out.exists() and any(out.iterdir()):
+        what = "shards already" if (out / META).is_file() else "other files"
+        raise ConfigError(f"shards.out={out} holds {what}: delete it, or write to another folder")
     dm.prepare_data()
     dm.setup()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +85,9 @@ def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB"
             "source": type(dm).__name__,
         }
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
+        readable(tmp)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
         os.replace(tmp, out)  # whole or not at all
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -106,21 +106,18 @@ def _loader_class(litdata: Any) -> type:
     """LitData's StreamingDataLoader, made to start each epoch afresh after a resumed one.
 
     A loader restored from a checkpoint (`restore`) clears that flag only when an epoch's iteration runs to
-    its end; Lightning stops at the epoch's last batch without asking for one more, so the flag would stay
-    set and the next epoch would continue the restored one: no batches at all (LitData 0.2.76, Lightning
-    2.6). Here an epoch whose last batch was served clears it at the next start."""
+    its end; Lightning stops at the epoch's last batch (or at `limit_train_batches`) without asking for one
+    more, so the flag would stay set and the next epoch would continue the restored one: no batches at all
+    (LitData 0.2.76, Lightning 2.6). Here the epoch after the one that began restored begins afresh."""
 
     class EpochLoader(litdata.StreamingDataLoader):
-        _served_last = False
+        _began_restored = False
 
         def __iter__(self) -> Any:
-            if self._served_last:
+            if self._began_restored:
                 self.restore = False
-            self._served_last = False
-            start = self._num_samples_yielded_streaming // self.batch_size if self.restore else 0
-            for i, batch in enumerate(super().__iter__(), start=start + 1):
-                self._served_last = i >= len(self)
-                yield batch
+            self._began_restored = self.restore
+            yield from super().__iter__()
 
     return EpochLoader
 
@@ -150,6 +147,12 @@ class ShardsDataModule(ArrayDataModule):
             self.class_names = list(meta["class_names"])
         self.input_scale = tuple(meta["input_scale"]) if meta.get("input_scale") is not None else None
         self.samples: dict[str, int] = meta["samples"]
+        if isinstance(self.num_workers, int) and self.num_workers > 1:  # resolved (not `auto`)
+            rank_zero_info(
+                f"data.num_workers={self.num_workers}: LitData 0.2.76 makes each loader worker past the "
+                "first wait ~0.1 s a batch for chunks on a local disk (docs/data.md); data.num_workers=1 "
+                "may be faster"
+            )
 
     def setup(self, stage: str | None = None) -> None:
         _litdata()
@@ -200,11 +203,35 @@ class ShardsDataModule(ArrayDataModule):
 
     def train_dataloader(self) -> Any:
         loader = self._streaming("train", shuffle=self.trainer is None or self.trainer.overfit_batches == 0)
+        self._check_share(len(loader.dataset))
         if self._train_position is not None:
-            loader.load_state_dict(self._train_position)
+            try:
+                loader.load_state_dict(self._train_position)
+            except ValueError as err:  # LitData refuses a state saved for other shards
+                raise ConfigError(
+                    f"data.path={self.path}: the checkpoint's loader position is for other shards ({err}): "
+                    "train on the shards it was saved with, or start a new run (run_name=...)"
+                ) from None
             self._train_position = None
         self._train_loader = loader
         return loader
+
+    def _check_share(self, served: int) -> None:
+        """LitData deals whole chunks to ranks and workers and evens them out by dropping samples: with few
+        chunks a rank can get far fewer than its share, or none (DDP would then wait forever)."""
+        rank, world = self._ranks()
+        share = self.samples["train"] // world
+        evened = max(self.batch_size * max(1, self.num_workers), 0.05 * share)  # what drop_last may leave out
+        if share - served > evened:
+            raise ConfigError(
+                f"data=shards: rank {rank} of {world} gets {served} of its {share} training samples "
+                f"({len(self._chunks('train'))} chunks for {world} rank(s) x {max(1, self.num_workers)} "
+                "loader worker(s)): write smaller chunks (make shards shards.chunk_bytes=...) or lower "
+                "data.num_workers"
+            )
+
+    def _chunks(self, split: str) -> list[dict[str, Any]]:
+        return json.loads((self.path / split / "index.json").read_text())["chunks"]
 
     def val_dataloader(self) -> Any:
         return self._streaming("val", shuffle=False)

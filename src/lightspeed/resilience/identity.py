@@ -208,7 +208,7 @@ class RunIdentity(L.Callback):
             checkpoint[TRAIN_SAMPLES_KEY] = ids["train"]
         names = getattr(trainer.datamodule, "class_names", None)
         if names is not None:
-            checkpoint[CLASS_NAMES_KEY] = list(names)
+            checkpoint[CLASS_NAMES_KEY] = [str(n) for n in names]  # plain strings, whatever the type
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
