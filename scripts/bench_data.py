@@ -19,6 +19,7 @@ pays once (decoding into the cache, writing the shards).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import tempfile
 import time
@@ -156,11 +157,15 @@ def data_paths(args: argparse.Namespace, device: torch.device) -> list[dict]:
                 "rate": epoch_rate(cached, device, args.repeats),
             }
         )
-        start = time.perf_counter()
-        shards = write_shards(
-            ImageFolderDataModule(**folder, num_workers=max(args.workers)), Path(tmp) / "shards"
-        )
-        written = time.perf_counter() - start
+        streaming = importlib.util.find_spec("litdata") is not None  # the streaming extra
+        if streaming:
+            start = time.perf_counter()
+            shards = write_shards(
+                ImageFolderDataModule(**folder, num_workers=max(args.workers)), Path(tmp) / "shards"
+            )
+            written = time.perf_counter() - start
+        else:
+            print("streamed (data=shards): not measured, LitData is not installed (the streaming extra)")
         for workers in args.workers:
             files, once = timed(lambda w=workers: ImageFolderDataModule(num_workers=w, **folder))
             rows.append(
@@ -171,6 +176,8 @@ def data_paths(args: argparse.Namespace, device: torch.device) -> list[dict]:
                     "rate": epoch_rate(files, device, args.repeats),
                 }
             )
+            if not streaming:
+                continue
             streamed, _ = timed(lambda w=workers: ShardsDataModule(path=str(shards), num_workers=w, **loader))
             rows.append(
                 {

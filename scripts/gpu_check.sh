@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check in one call of at most ~8 minutes, for a machine with an NVIDIA GPU; results go to
 # $OUT (default ./gpu_out): gpu_check.log (every step's output, in order), doctor.json,
-# bench8/bench.md and bench20/bench.md (+ .png), ops.txt and trace.json.gz (profiled steady-state steps).
+# bench8/bench.md and bench20/bench.md (+ .png), ops.txt and trace.json.gz (profiled steady-state steps);
+# the data paths' samples/s (bench_data) are in the log. LitData (data=shards) is not on the lent machine:
+# its tests skip there and bench_data leaves the streamed rows out.
 #
 # The lent H200 (../shared/gpu-notes.md) has torch, lightning, torchmetrics, rich, scikit-learn, pytest
 # and pytest-xdist, and no network; hydra-core, omegaconf and antlr4 travel as wheels. Once, here:
@@ -53,6 +55,7 @@ step train_default 40 "$PY" -m lightspeed.train "${DIGITS[@]}"
 step train_max 70 "$PY" -m lightspeed.train "${DIGITS[@]}" accel=max
 step profile_default 45 "$PY" scripts/profile_steps.py --out "$OUT" --skip 40 --steps 5 trainer=gpu "${BENCH[@]}"
 [ -f "$OUT/trace.json" ] && gzip -f "$OUT/trace.json"  # ~10x smaller; Perfetto (ui.perfetto.dev) opens it
+step bench_data 60 "$PY" scripts/bench_data.py --device cuda --repeats 3 --workers 0,1,4
 step bench_resnet20_wide 90 "$PY" -m lightspeed.bench --steps 100 --repeats 1 --out "$OUT/bench20" \
   --configs hand,default,hand+max,max "${BENCH[@]}" "${WIDE[@]}"
 rm -rf "$OUT"/bench*/runs  # the per-run folders stay on the machine; the tables come back

@@ -185,6 +185,9 @@ def give_data_folder(cfg, tmp_path: Path) -> None:
     if "root" in cfg.data and cfg.data.root is None:
         cfg.data.root = str(image_folder(tmp_path / "images"))
     if "path" in cfg.data and cfg.data.path is None:
+        import pytest
+
+        pytest.importorskip("litdata", reason="data=shards needs the streaming extra")
         from lightspeed.data import DigitsDataModule
         from lightspeed.data.shards import write_shards
 

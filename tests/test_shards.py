@@ -14,6 +14,10 @@ import pytest
 import torch
 
 from conftest import REPO, TINY, assert_resumes_exactly, run_module
+
+pytest.importorskip(
+    "litdata", reason="data=shards needs the streaming extra (pip install 'lightspeed[streaming]')"
+)
 from fakes import image_folder
 from lightspeed.data import DigitsDataModule, SyntheticDataModule
 from lightspeed.data.image_folder import ImageFolderDataModule
