@@ -450,8 +450,14 @@ def test_eval_refuses_nan_weights_mismatched_hyperparameters_and_instantiators(
 def test_ctrl_c_says_it_was_interrupted_and_what_a_rerun_continues_from(
     train_cfg, run_dir: Path, capsys
 ) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        train(train_cfg(*FIT), [Fault("sigint", step=7)])
+    # As in a terminal: a shell without job control starts background commands with SIGINT ignored, and
+    # Python then leaves it ignored (`make test &` in a script).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            train(train_cfg(*FIT), [Fault("sigint", step=7)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     err = capsys.readouterr().err
     assert exit_.value.code == 130 and "Traceback" not in err
     last = run_dir / "checkpoints" / "last.ckpt"
