@@ -11,16 +11,18 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch
+EXTRAS ?= dev
 WORKERS ?= auto
 ARGS ?=
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+_comma := ,
+STAMP := $(VENV)/.installed-$(subst $(_comma),+,$(EXTRAS))
 
 # The KEY=VALUE words given on make's command line, in the order given, minus make's own settings.
 # make lists them last-first and escapes spaces as '\ ': keep escaped spaces inside one word.
 _space := $(subst ,, )
 _reverse = $(if $(1),$(call _reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
-_cli := $(filter-out PYTHON=% VENV=% TORCH=% WORKERS=% ARGS=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
+_cli := $(filter-out PYTHON=% VENV=% TORCH=% EXTRAS=% WORKERS=% ARGS=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 # Hydra's -m (--multirun) must come before the overrides: it is moved there from ARGS.
@@ -41,11 +43,11 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(TORCH)
-	@# torch stays the one TORCH installed (LitData's torchvision would otherwise bring the newest torch in)
-	$(PY) -m pip install --quiet -e ".[dev]" "torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')"
+	@# torch stays the one TORCH installed (the streaming extra's torchvision would bring the newest in)
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" "torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')"
 	@touch $@
 
-install: $(STAMP)  ## make .venv: torch (TORCH=...), then this package editable with its dev extra
+install: $(STAMP)  ## make .venv: torch (TORCH=...), then this package editable with EXTRAS (dev; dev,streaming)
 
 train: $(STAMP)  ## train (default: CNN on digits); KEY=VALUE overrides, ARGS="..." for the rest
 	$(PY) -m lightspeed.train $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.train)

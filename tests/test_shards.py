@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, TINY, assert_resumes_exactly, run_module
 
 pytest.importorskip(
-    "litdata", reason="data=shards needs the streaming extra (pip install 'lightspeed[streaming]')"
+    "litdata", reason="data=shards needs the streaming extra (make install EXTRAS=dev,streaming)"
 )
 from fakes import image_folder
 from lightspeed.data import DigitsDataModule, SyntheticDataModule

@@ -41,7 +41,8 @@ def _litdata() -> Any:
         import litdata
     except ImportError:
         raise ConfigError(
-            "data=shards and make shards need LitData: pip install 'lightspeed[streaming]'"
+            "data=shards and make shards need LitData: make install EXTRAS=dev,streaming (with a CPU build "
+            "of torch, install torchvision from the index torch came from first)"
         ) from None
     return litdata
 
