@@ -50,7 +50,10 @@ def fits(tmp_path, data: str, model: str) -> bool:
     """Whether the model option's net takes the data option's input shape (a forward pass on the meta
     device, as `make train` checks before training)."""
     cfg = compose_config("train", [f"data={data}", f"model={model}"], tmp_path)
-    give_data_folder(cfg, tmp_path)
+    try:
+        give_data_folder(cfg, tmp_path)
+    except pytest.skip.Exception:  # a data set that needs an extra not installed here: no partner
+        return False
     try:
         build.check_inputs_fit(cfg, build.datamodule(cfg))
     except ConfigError:
@@ -77,6 +80,8 @@ def test_every_data_set_model_and_experiment_trains_one_batch(
     """A data set that downloads (it has `remotes`) fetches small fakes of its files from a local server; one
     that reads a folder gets a generated one."""
     group, option = choice.split("=")
+    if group == "data":  # a data set that needs an extra not installed here skips
+        give_data_folder(compose_config("train", [choice], tmp_path / "needs"), tmp_path / "needs")
     cfg = train_cfg(choice, *partner(tmp_path / "pair", group, option), "debug=fdr", *QUIET)
     give_data_folder(cfg, tmp_path)
     if "batch_size" in cfg.data:  # one small batch: the code path is the same, the compute a fraction
