@@ -151,7 +151,9 @@ def twice_at_once(mode: str, run_dir: Path, extra: list[str]) -> tuple[bool, str
     refused = "is in use by another run" in logs
     finish(cmd, log)  # the run completes whatever happened, as a person would rerun it
     files = sorted(p.name for p in (run_dir / "checkpoints").glob("*"))
-    ok = codes in ([0, 0], [0, 2]) and not [f for f in files if "-v" in f or f.endswith(".tmp")]
+    ok = codes in ([0, 0], [0, 2]) and not [
+        f for f in files if re.search(r"-v\d+\.ckpt$", f) or f.endswith(".tmp")
+    ]
     lock = "one refused by the lock" if refused else "none refused"
     return ok, f"exit codes {codes}, {lock}; files: {', '.join(files)}"
 

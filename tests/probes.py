@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed.data import DigitsDataModule
+from lightspeed.data.diabetes import DiabetesDataModule
 from lightspeed.models.classifier import Classifier
 from lightspeed.speed.accel import compiled_frames
 
@@ -455,3 +456,27 @@ class Conv1DNet(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
+
+
+class DiabetesAsClasses(DiabetesDataModule):
+    """A data set that declares classes, but whose targets are continuous."""
+
+    num_classes = 10
+
+
+class LabelsFromOne(DigitsDataModule):
+    """Digits labelled 1..10 for num_classes=10: one label out of range."""
+
+    def load_arrays(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().load_arrays()
+        return x, y + 1
+
+
+class TwelveFeatures(DiabetesDataModule):
+    """The diabetes data with two more (constant) features: a model built for 10 does not fit it."""
+
+    input_shape = (12,)
+
+    def load_arrays(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().load_arrays()
+        return torch.cat([x, torch.ones(len(x), 2)], dim=1), y

@@ -346,8 +346,8 @@ def test_channels_last_auto_is_on_only_for_convolutions_on_a_gpu(train_cfg) -> N
     nothing) nor on a CPU. The choice is written back into the config the run saves."""
     from lightspeed.models.nets import build_net
 
-    cnn = build_net({"name": "cnn"}, [1, 8, 8], 10)
-    mlp = build_net({"name": "mlp"}, [1, 8, 8], 10)
+    cnn = build_net({"name": "cnn"}, input_shape=[1, 8, 8], num_outputs=10)
+    mlp = build_net({"name": "mlp"}, input_shape=[1, 8, 8], num_outputs=10)
     for accelerator, net, expected in (("gpu", cnn, True), ("gpu", mlp, False), ("cpu", cnn, False)):
         cfg = train_cfg(f"trainer.accelerator={accelerator}")
         assert cfg.accel.channels_last == "auto"

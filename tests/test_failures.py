@@ -196,11 +196,12 @@ def test_ddp_sigterm_to_the_first_rank_saves_once_for_all_ranks_and_the_rerun_co
 def test_ddp_collectives_wait_at_most_the_configured_timeout(train_cfg) -> None:
     from datetime import timedelta
 
-    from lightspeed.run import build
+    from lightspeed.run import build, monitor
     from lightspeed.speed import accel
 
     cfg = train_cfg("trainer=ddp_cpu", "trainer.strategy.timeout.seconds=42")
     accel.resolve(cfg)  # `auto` values become what this device takes, as train() does first
+    monitor.settle(cfg)  # the model's monitor into the config, as train() does
     trainer = build.trainer(cfg)
     assert trainer.strategy._timeout == timedelta(seconds=42)  # what init_process_group receives
 

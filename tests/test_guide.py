@@ -32,6 +32,17 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     (project / "conf/data/waves.yaml").write_text(block("conf/data/waves.yaml", "yaml"))
     (project / "src/lightspeed/models/nets/conv1d.py").write_text(block("## Add a net", "python"))
     (project / "conf/model/conv1d.yaml").write_text(block("conf/model/conv1d.yaml", "yaml"))
+    # a regression data set for the shipped regressor; a task of its own with a LightningModule of its own
+    (project / "src/lightspeed/data/ripples.py").write_text(block("## A regression task", "python"))
+    (project / "conf/data/ripples.yaml").write_text(block("conf/data/ripples.yaml", "yaml"))
+    (project / "src/lightspeed/data/tags.py").write_text(block("## Bring your own LightningModule", "python"))
+    (project / "src/lightspeed/models/tagger.py").write_text(
+        block("src/lightspeed/models/tagger.py", "python")
+    )
+    (project / "conf/data/tags.yaml").write_text(block("conf/data/tags.yaml", "yaml"))
+    tagger_yaml = GUIDE[GUIDE.index("conf/data/tags.yaml` and") :]
+    (project / "conf/model/tagger.yaml").write_text(re.findall(r"```yaml\n(.*?)```", tagger_yaml, re.S)[1])
+    added = ["src/lightspeed/data", "src/lightspeed/models", "conf"]  # nothing else of src/lightspeed
     preset = project / "conf/accel/default.yaml"
     line = "  precision: auto "
     assert preset.read_text().count(line) == 1, "the one line the guide changes"
@@ -41,7 +52,14 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     shutil.copy(REPO / "pyproject.toml", project)  # the same pytest settings
     (project / "tests/test_the_guide_s_run.py").write_text(GUIDE_RUN)
     # The registry-driven tests of what the guide added (the others run in this suite, on the same code).
-    files = ["tests/test_registry.py", "tests/test_the_guide_s_run.py", "-k", "waves or conv1d"]
+    changed = subprocess.run(
+        ["diff", "-rq", str(REPO / "src/lightspeed"), str(project / "src/lightspeed"), "-x", "__pycache__"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert all(any(f"/{a}" in line for a in added) for line in changed.splitlines()), changed
+    keys = "waves or conv1d or ripples or tags or tagger"
+    files = ["tests/test_registry.py", "tests/test_the_guide_s_run.py", "-k", keys]
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", *files, "-q", "-rA", "-p", "no:cacheprovider"],
         cwd=project,
@@ -55,11 +73,15 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
         text=True,
         timeout=300,
     )
-    assert tests.returncode == 0, tests.stdout[-6000:]
+    assert tests.returncode == 0, tests.stdout[-20000:]
     passed = tests.stdout
-    for added in ("[data=waves]", "[model=conv1d]", "[data-waves]", "[model-conv1d]", "[conv1d-1x40]"):
-        assert re.search(rf"PASSED tests/test_registry.py::\w+{re.escape(added)}", passed), added
-    assert "PASSED tests/test_the_guide_s_run.py::test_make_train_data_waves_model_conv1d" in passed
+    registered = ("[data=waves]", "[model=conv1d]", "[data-waves]", "[model-conv1d]", "[conv1d-1x40]")
+    registered += ("[data=ripples]", "[data-ripples]", "[data=tags]", "[model=tagger]", "[model-tagger]")
+    for option in registered:
+        assert re.search(rf"PASSED tests/test_registry.py::\w+{re.escape(option)}", passed), option
+    runs = ("waves_model_conv1d", "ripples_model_regressor", "tags_model_tagger_then_eval_and_predict")
+    for run in (f"test_make_train_data_{r}" for r in runs):
+        assert f"PASSED tests/test_the_guide_s_run.py::{run}" in passed, run
 
 
 #: `make train data=waves model=conv1d` in the copy, in process: the new data set and net, bf16-mixed.
@@ -77,4 +99,37 @@ def test_make_train_data_waves_model_conv1d(tmp_path):
     assert json.loads((run / "speed.json").read_text())["precision"] == "bf16-mixed"  # what the Trainer ran
     assert result.model.hparams["net"]["name"] == "conv1d" and "test/acc" in result.metrics
     assert len(result.trainer.datamodule.splits["test"]) == 200  # the data set's own test split
+
+
+def test_make_train_data_ripples_model_regressor(tmp_path, capsys):
+    # a regression data set trains with the shipped regressor; the default classifier is refused
+    import pytest
+
+    quiet = ["callbacks.rich_progress_bar=null", "trainer.enable_progress_bar=false"]
+    with pytest.raises(SystemExit) as refused:  # the default classifier: one line naming what fits
+        train(compose_config("train", ["data=ripples", *quiet], tmp_path / "refused"))
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "choose a model for this data (model=regressor)" in err
+    run = ["data=ripples", "model=regressor", "trainer.max_epochs=15", *quiet]
+    result = train(compose_config("train", run, tmp_path))
+    assert result.metrics["test/r2"] > 0.9, result.metrics  # learnt, in the targets' own units
+    assert json.loads((tmp_path / "train/runs/test/summary.json").read_text())["monitor"] == "val/mse (min)"
+
+
+def test_make_train_data_tags_model_tagger_then_eval_and_predict(tmp_path):
+    # a task of its own, with its own LightningModule: eval and predict need no extra option
+    import csv
+
+    from lightspeed.eval import run
+
+    quiet = ["callbacks.rich_progress_bar=null", "trainer.enable_progress_bar=false"]
+    overrides = ["data=tags", "model=tagger", "trainer.max_epochs=8", *quiet]
+    result = train(compose_config("train", overrides, tmp_path))
+    assert result.best_checkpoint and "val_f10." in result.best_checkpoint  # named by its own monitor
+    assert result.metrics["test/f1"] > 0.7 and result.score == result.metrics["val/f1@best"]
+    tested = run(compose_config("eval", ["predict=true", "trainer.enable_progress_bar=false"], tmp_path))
+    assert tested["test/f1"] == result.metrics["test/f1"]  # the best checkpoint, on the run's own test split
+    rows = list(csv.DictReader((tmp_path / "eval/runs/test/predictions.csv").open()))
+    assert len(rows) == 600 and list(rows[0]) == ["index", "target", "pred"]
+    assert all(len(row["pred"].split()) == 5 for row in rows)  # five tags a sample
 """

@@ -11,8 +11,16 @@ import pytest
 import torch
 
 from lightspeed import bench
-from lightspeed.models.nets import build_net
+from lightspeed.models.classifier import Classifier
+from lightspeed.models.next_token import NextTokenModel
 from lightspeed.speed import handloop
+
+
+def classifier(shape: list[int]) -> Classifier:
+    """What the hand rows train: the module's forward and its loss."""
+    return Classifier(
+        {"name": "mlp", "hidden": [32]}, {"name": "AdamW", "lr": 0.01}, {"name": "none"}, 4, shape
+    )
 
 
 def test_the_hand_loop_imports_no_lightning() -> None:
@@ -49,7 +57,7 @@ def test_the_hand_loop_trains_and_reports_its_timing(on_device: bool, shape: tup
         on_device=on_device,
         augment={"crop_padding": 1, "flip": True},
     )
-    net = build_net({"name": "mlp", "hidden": [32]}, list(shape), 4)
+    net = classifier(list(shape))
     first = torch.nn.functional.cross_entropy(net(x), y).item()
     r = handloop.train(net, x, y, settings)
     assert r["timed_steps"] == 30 and r["warmup_steps"] == 4 and r["recompiles"] == 0
@@ -71,9 +79,37 @@ def test_the_hand_loop_scales_uint8_inputs_as_the_datamodule_does() -> None:
         warmup=4,
         input_scale=(float(x.float().mean()), float(x.float().std())),
     )
-    net = build_net({"name": "mlp", "hidden": [32]}, [1, 8, 8], 4)
-    r = handloop.train(net, x, y, settings)
+    r = handloop.train(classifier([1, 8, 8]), x, y, settings)
     assert math.isfinite(r["final_loss"]) and r["final_loss"] < 1.0  # scaled to floats on the way: it learns
+
+
+def test_the_hand_loop_trains_a_sequence_model_with_its_own_loss() -> None:
+    """Token inputs, a loss over every position but the ignored ones: whatever the module's task is."""
+    from lightspeed.data.sort import SortDataModule
+
+    dm = SortDataModule(num_samples=512, length=5, num_digits=4)
+    dm.setup("fit")
+    x, y = dm.splits["train"].tensors
+    net = NextTokenModel(
+        {"_target_": "lightspeed.models.gpt.GPT", "n_layer": 1, "n_embd": 32},
+        {"name": "AdamW", "lr": 0.01},
+        {"name": "none"},
+        dm.vocab_size,
+        dm.block_size,
+    )
+    with torch.no_grad():
+        first = float(net.loss(net(x), y))
+    settings = handloop.Settings(
+        device="cpu",
+        batch_size=32,
+        optimizer={"name": "AdamW", "lr": 0.01},
+        scheduler={"name": "none"},
+        schedule_steps=60,
+        steps=50,
+        warmup=4,
+    )
+    r = handloop.train(net, x, y, settings)
+    assert math.isfinite(r["final_loss"]) and r["final_loss"] < 0.7 * first
 
 
 def test_a_hand_row_mirrors_its_preset(tmp_path: Path, monkeypatch) -> None:

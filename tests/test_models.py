@@ -14,14 +14,30 @@ OPT = {"name": "AdamW", "lr": 1e-3}
 
 
 def test_nets_are_found_by_name_and_unknown_ones_are_refused() -> None:
-    build_net({"name": "mlp"}, (1, 8, 8), 10)
+    build_net({"name": "mlp"}, input_shape=(1, 8, 8), num_outputs=10)
     known = ", ".join(sorted(NETS))  # every registered net, yours included
     with pytest.raises(
-        ConfigError, match=rf"model.net.name='resnet9000' is not a known net: use one of {known}$"
+        ConfigError, match=rf"model.net.name='resnet9000' is not a known net: use one of {known}, or model"
     ):
-        build_net({"name": "resnet9000"}, (1, 8, 8), 10)
+        build_net({"name": "resnet9000"}, input_shape=(1, 8, 8), num_outputs=10)
     with pytest.raises(ConfigError, match=r"^model\.net \(mlp\)"):
-        build_net({"name": "mlp", "widths": [3]}, (1, 8, 8), 10)
+        build_net({"name": "mlp", "widths": [3]}, input_shape=(1, 8, 8), num_outputs=10)
+
+
+def test_any_nn_module_is_a_net_by_target_and_gets_what_its_constructor_takes() -> None:
+    """A library's class needs no wrapper: torch.nn.Linear takes in_features from the config and nothing
+    the data offers; the GPT takes the data's vocab_size and block_size and leaves the rest."""
+    offered = {"input_shape": [10], "num_outputs": 1, "vocab_size": 4, "block_size": 7}
+    linear = build_net({"_target_": "torch.nn.Linear", "in_features": 10, "out_features": 1}, **offered)
+    assert isinstance(linear, torch.nn.Linear) and linear.weight.shape == (1, 10)
+    gpt = build_net({"_target_": "lightspeed.models.gpt.GPT", "n_layer": 1, "n_embd": 16}, **offered)
+    assert gpt(torch.zeros(3, 7, dtype=torch.long)).shape == (3, 7, 4)
+    with pytest.raises(ConfigError, match=r"^model\.net\._target_=shutil\.rmtree is not allowed"):
+        build_net(
+            {"_target_": "shutil.rmtree", "path": "/tmp/x"}, **offered
+        )  # a checkpoint names only code conf/ names
+    with pytest.raises(ConfigError, match=r"^model\.net \(torch\.nn\.Linear\): .*in_features"):
+        build_net({"_target_": "torch.nn.Linear"}, **offered)
 
 
 def test_hyperparameters_are_plain_data() -> None:

@@ -1,9 +1,12 @@
 """Driven by what is registered, never by a list: every option in conf/, every registered net on the input
-shapes it declares. A data set, net or experiment you add is composed, built and trained for one batch
-here with nothing to edit (tests/test_guide.py adds some in a copy of the project and runs this file)."""
+shapes it declares. A data set, model or experiment you add is composed, built and trained for one batch
+here with nothing to edit, paired by task: with an option of the other group that it fits (the model is
+built from what the data gives, and takes its inputs), and judged by the metric its model monitors
+(tests/test_guide.py adds some in a copy of the project and runs this file)."""
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 
 import pytest
@@ -47,23 +50,24 @@ def test_every_option_composes(train_cfg, group: str, option: str) -> None:
 
 
 def fits(tmp_path, data: str, model: str) -> bool:
-    """Whether the model option's net takes the data option's input shape (a forward pass on the meta
-    device, as `make train` checks before training)."""
+    """Whether the model option fits the data option: built from what the data gives (a classifier from
+    num_classes, a regressor from num_targets) and taking its inputs (a forward pass on the meta device),
+    as `make train` checks before training."""
     cfg = compose_config("train", [f"data={data}", f"model={model}"], tmp_path)
     try:
         give_data_folder(cfg, tmp_path)
     except pytest.skip.Exception:  # a data set that needs an extra not installed here: no partner
         return False
     try:
-        build.check_inputs_fit(cfg, build.datamodule(cfg))
+        build.check_inputs_fit(cfg, build.from_data(cfg, build.datamodule(cfg)))
     except ConfigError:
         return False
     return True
 
 
 def partner(tmp_path, group: str, option: str) -> list[str]:
-    """What a data or model option trains with: the first option of the other group whose shapes fit (a
-    1D data set with a 1D net), the default first."""
+    """What a data or model option trains with: the first option of the other group that fits it (a
+    regression data set with a regressor, a 1D data set with a 1D net), the default first."""
     if group == "experiment":
         return []  # an experiment names its own
     other = "model" if group == "data" else "data"
@@ -91,7 +95,10 @@ def test_every_data_set_model_and_experiment_trains_one_batch(
         result = train(cfg)
     assert result.trainer.global_step == 1  # fast_dev_run: one optimizer step
     assert result.best_checkpoint is None  # ... and no checkpoints
-    assert {"test/acc", "test/loss"} <= set(result.metrics)
+    monitored = cfg.monitor.metric  # the task's own: what its model declares (val/acc, val/mse, ...)
+    assert math.isfinite(result.metrics[monitored]) and result.score == result.metrics[monitored]
+    tested = {k: v for k, v in result.metrics.items() if k.startswith("test/")}
+    assert monitored.replace("val/", "test/", 1) in tested and all(map(math.isfinite, tested.values()))
     assert all(torch.isfinite(p).all() for p in result.model.parameters())
 
 
@@ -107,8 +114,9 @@ def declared(name: str) -> list[tuple[int, ...] | None]:
         for s in declared(n)
     ],
 )
-def test_every_net_maps_its_declared_inputs_to_class_scores_on_any_device(name: str, shape) -> None:
+def test_every_net_maps_its_declared_inputs_to_its_outputs_on_any_device(name: str, shape) -> None:
+    """A registered net takes `input_shape` and `num_outputs` (class scores, or regression targets)."""
     assert shape is not None, f"net {name!r}: declare example_input_shapes, the input shapes it is built for"
-    net = build_net({"name": name}, shape, num_classes=7)
+    net = build_net({"name": name}, input_shape=shape, num_outputs=7)
     assert net(torch.randn(5, *shape)).shape == (5, 7)
-    assert_device_agnostic(build_net({"name": name}, shape, num_classes=7), shape)
+    assert_device_agnostic(build_net({"name": name}, input_shape=shape, num_outputs=7), shape)

@@ -280,8 +280,9 @@ def test_last_checkpoint_follows_every_epoch_even_without_a_new_best(
         "trainer.max_epochs=4",
         "test_after_fit=false",
         "callbacks.early_stopping=null",
-        "callbacks.model_checkpoint.monitor=val/loss",
-        "callbacks.model_checkpoint.mode=max",
+        "monitor.metric=val/loss",
+        "monitor.mode=max",
+        "monitor.check_mode=false",
         f"callbacks.model_checkpoint._target_={target}",
     )
     train(cfg)

@@ -38,8 +38,9 @@ def test_a_datamodule_without_num_classes_is_one_line(train_cfg, capsys) -> None
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "error: data: ShapelessDigits has no num_classes and no input_shape: the model is built from "
-        "them; set them as attributes of your DataModule (e.g. num_classes = 10, input_shape = (1, 28, 28))"
+        "error: model=cnn (Classifier) is built from the data's num_classes and input_shape, which data "
+        "ShapelessDigits does not give: choose a model for this data, or give your DataModule these "
+        "attributes"
     ]
 
 

@@ -107,7 +107,6 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
     from omegaconf import OmegaConf
 
     from lightspeed.data.base import on_device_choice
-    from lightspeed.models.nets import build_net
     from lightspeed.run import build
     from lightspeed.run.entry import compose_config
     from lightspeed.speed import accel, handloop
@@ -137,12 +136,28 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
     need = sum(t.numel() * t.element_size() for split in dm.splits.values() for t in split.tensors)
     on_device, _ = on_device_choice(data["on_device"], data["num_workers"], need, torch.device(device))
     knobs = cfg.accel
-    net = build_net(cfg.model.net, list(dm.input_shape), dm.num_classes)
+    net = build.model(cfg, dm)
+    lacks = [
+        w
+        for w, ok in (
+            ("loss", callable(getattr(net, "loss", None))),
+            ("model.optimizer", "optimizer" in cfg.model),
+        )
+        if not ok
+    ]
+    if lacks:
+        print(
+            "error: the hand rows train the module's forward with its loss(output, target) method and an "
+            f"optimizer from model.optimizer; {type(net).__name__} lacks {' and '.join(lacks)}: give it "
+            "that, or bench the presets alone (--configs off,default,max)",
+            file=sys.stderr,
+        )
+        return 2
     settings = handloop.Settings(
         device=device,
         batch_size=int(cfg.data.batch_size),
         optimizer=OmegaConf.to_container(cfg.model.optimizer, resolve=True),
-        scheduler=OmegaConf.to_container(cfg.model.scheduler, resolve=True),
+        scheduler=OmegaConf.to_container(cfg.model.get("scheduler") or {"name": "none"}, resolve=True),
         schedule_steps=int(cfg.trainer.max_steps),
         steps=steps,
         warmup=warmup if warmup == "auto" else int(warmup),

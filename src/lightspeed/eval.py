@@ -30,6 +30,7 @@ from lightspeed.data.base import ArrayDataModule
 from lightspeed.resilience import checkpoint, identity
 from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build
+from lightspeed.run.build import plain
 from lightspeed.run.entry import hydra_entry
 from lightspeed.speed import accel
 from lightspeed.speed.accel import LOADER_KNOBS
@@ -71,24 +72,19 @@ def run(cfg: DictConfig) -> dict[str, float]:
         idle = accel.resolve(cfg)
         accel.apply_to_torch(cfg)
         ckpt = find_checkpoint(str(cfg.ckpt_path), Path(cfg.paths.log_dir))
-        try:
-            module_cls = get_class(cfg.module)
-        except (ImportError, ValueError) as err:
-            raise ConfigError(
-                f"module={cfg.module} cannot be imported ({err}): use a LightningModule class"
-            ) from None
         # map_location="cpu": a checkpoint saved on a GPU loads on any machine; the Trainer then moves
         # the model to whatever device this run uses. weights_only: loading never executes code.
         with checkpoint.loading(ckpt):
+            stored = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+            module_cls = _module_class(cfg, stored, ckpt)
             model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
-            stored = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)  # its other parts
         reason = checkpoint.problem(ckpt)  # it loads: is it sound? (a NaN model scores as if it were)
         if reason is not None:
             raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
         hooks.speed_up_module(model)
         given = use_run_data(cfg, stored, ckpt)
         dm = build.datamodule(cfg)
-        _check_fits(model.hparams, dm)
+        _check_fits(model, _run_model_config(stored), dm)
         class_names = _check_classes(stored.get(CLASS_NAMES_KEY), dm)
         seen = seen_in_training(dm, stored.get(TRAIN_SAMPLES_KEY), given)
         accel.apply_to_model(cfg, model)
@@ -190,19 +186,61 @@ def seen_in_training(dm: L.LightningDataModule, trained_on: torch.Tensor | None,
     return seen
 
 
-def _check_fits(hparams: dict, dm: ArrayDataModule) -> None:
-    shape, classes = list(hparams.get("input_shape", [])), hparams.get("num_classes")
-    data_shape, data_classes = getattr(dm, "input_shape", None), getattr(dm, "num_classes", None)
-    if data_shape is None or data_classes is None:
+def _run_model_config(stored: dict[str, Any]) -> dict[str, Any]:
+    """The model node of the config that trained the checkpoint (empty for one saved elsewhere)."""
+    found = ((stored.get("identity") or {}).get("config") or {}).get("model")
+    return found if isinstance(found, dict) else {}
+
+
+def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L.LightningModule]:
+    """The LightningModule class that trained the checkpoint: `module` when given, else the one its run's
+    config names (`model._target_`), through the same allow-list as any config."""
+    name = cfg.get("module") or _run_model_config(stored).get("_target_")
+    where = "module" if cfg.get("module") else f"the model of {ckpt.name} (model._target_)"
+    if not name:
         raise ConfigError(
-            f"data: {type(dm).__name__} has no input_shape or num_classes: set them as attributes of your "
-            "DataModule, so that the checkpoint's model can be checked against it"
+            f"ckpt_path={ckpt} names no LightningModule class (saved outside Lightspeed): pass "
+            "module=<its class>, e.g. module=lightspeed.models.classifier.Classifier"
         )
-    if shape != list(data_shape) or classes != data_classes:
+    check_node({"_target_": name}, where)
+    try:
+        found = get_class(str(name))
+    except (ImportError, ValueError) as err:
+        raise ConfigError(f"{where}: {name} cannot be imported ({err}): pass module=<its class>") from None
+    if not (isinstance(found, type) and issubclass(found, L.LightningModule)):
+        raise ConfigError(f"{where}: {name} is not a LightningModule class: pass module=<its class>")
+    return found
+
+
+def _check_fits(model: L.LightningModule, run_model: dict[str, Any], dm: L.LightningDataModule) -> None:
+    """The data gives what the checkpoint's model was built from (what its run took from its data: the
+    constructor's arguments that the model config left unset), with the same value where it is a
+    structure: a shape, a count, a vocabulary size, names. A statistic (a float, such as a regressor's
+    target mean) may differ: the model keeps its own."""
+    from_data = [k for k in model.hparams if k not in run_model] if run_model else []
+    missing = [k for k in from_data if not hasattr(dm, k)]
+    differs = [
+        (k, model.hparams[k], plain(getattr(dm, k)))
+        for k in from_data
+        if k not in missing and _structural(model.hparams[k]) and plain(getattr(dm, k)) != model.hparams[k]
+    ]
+    if missing:
         raise ConfigError(
-            f"the checkpoint's model takes inputs {shape} with {classes} classes but data gives "
-            f"{list(data_shape)} with {data_classes}: pass the data it was trained on (data=...)"
+            f"data: {type(dm).__name__} gives no {', '.join(missing)}, which the checkpoint's model "
+            f"({type(model).__name__}) was built from: pass the data it was trained on (data=...)"
         )
+    if differs:
+        said = "; ".join(f"{k} {trained} in training, {here} here" for k, trained, here in differs)
+        raise ConfigError(
+            f"the checkpoint's model does not fit data {type(dm).__name__} ({said}): pass the data it was "
+            "trained on (data=...)"
+        )
+
+
+def _structural(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_structural(v) for v in value)
+    return isinstance(value, (int, str, bool))
 
 
 def _check_classes(trained: list[str] | None, dm: L.LightningDataModule) -> list[str] | None:
@@ -225,25 +263,32 @@ def _check_classes(trained: list[str] | None, dm: L.LightningDataModule) -> list
     return list(trained) if trained is not None else None
 
 
-def _write_predictions(
-    batches: list[dict[str, torch.Tensor]], path: Path, class_names: list[str] | None = None
-) -> Path:
-    """One row per test sample; with the class names when the checkpoint keeps them."""
+def _write_predictions(batches: list[Any], path: Path, class_names: list[str] | None = None) -> Path:
+    """One row per sample, a column per entry of what `predict_step` returns (a dict of tensors, or one
+    tensor: `pred`), in its order: a number per sample as it is, a row of numbers (a sequence's tokens) as
+    one column of space-separated values. Where the run's data named its classes, `target` and `pred`
+    get their names beside them."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    pred = torch.cat([b["pred"] for b in batches]).tolist()
-    prob = torch.cat([b["prob"] for b in batches]).tolist()
-    target = torch.cat([b["target"] for b in batches]).tolist()
-    named = class_names is not None
+    parts = [b if isinstance(b, dict) else {"pred": b} for b in batches]
+    columns = {k: torch.cat([p[k].reshape(len(p[k]), -1).cpu() for p in parts]) for k in (parts or [{}])[0]}
+    if class_names is not None:
+        for key in ("target", "pred"):
+            if key in columns and columns[key].shape[1] == 1 and not columns[key].is_floating_point():
+                columns[f"{key}_class"] = columns[key]
+    rows = len(next(iter(columns.values()))) if columns else 0
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(
-            ["index", "target", "pred", "prob", *(["target_class", "pred_class"] if named else [])]
-        )
-        writer.writerows(
-            (i, t, p, f"{q:.6f}", *([class_names[t], class_names[p]] if named else []))
-            for i, (t, p, q) in enumerate(zip(target, pred, prob, strict=True))
-        )
+        writer.writerow(["index", *columns])
+        for i in range(rows):
+            writer.writerow([i, *(_cell(k, v[i], class_names) for k, v in columns.items())])
     return path
+
+
+def _cell(key: str, values: torch.Tensor, class_names: list[str] | None) -> str:
+    if key.endswith("_class") and class_names is not None:
+        return class_names[int(values[0])]
+    shown = [f"{v:.6g}" if isinstance(v, float) else str(v) for v in values.tolist()]
+    return " ".join(shown)
 
 
 #: Console entry point: `lightspeed-eval` and `python -m lightspeed.eval`.

@@ -1,6 +1,7 @@
 """`python -m lightspeed.train [overrides]`: fit, test the best checkpoint, summarise.
 
-Returns the configured metric, so that Hydra sweepers can optimise it.
+Returns the score of the run's one monitored metric (`monitor`: the best checkpoint's), so that Hydra
+sweepers can optimise it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from lightspeed.core.config import ConfigError, exit_on_config_error, validate_t
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.resilience import checkpoint, identity, lock, resume
-from lightspeed.run import build
+from lightspeed.run import build, monitor
 from lightspeed.run.entry import hydra_entry
 from lightspeed.speed import accel
 
@@ -85,7 +86,7 @@ def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
 class TrainResult:
     trainer: L.Trainer
     model: L.LightningModule
-    score: float | None  # the value of cfg.optimized_metric
+    score: float | None  # the monitored metric's: the best checkpoint's, else the last validation's
     metrics: dict[str, float] = field(default_factory=dict)
     best_checkpoint: str | None = None
 
@@ -96,9 +97,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
     with ExitStack() as held:
         with exit_on_config_error():
             validate_train(cfg)
+            ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves its autos
+            monitor.settle(cfg)  # ... and before the model's monitor fills the config's
             refuse_multirun_with_ddp(cfg)
             held.enter_context(lock.held(Path(cfg.paths.output_dir)))  # until the run ends, however
-            ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves its autos
             idle = accel.resolve(cfg)
             accel.apply_to_torch(cfg)
             L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -155,6 +157,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             run_dir,
             {
                 "run_dir": run_dir,
+                "monitor": f"{cfg.monitor.metric} ({cfg.monitor.mode})" if "monitor" in cfg else None,
                 "best_checkpoint": best,
                 "last_checkpoint": ckpt.last_model_path
                 if ckpt is not None and ckpt.last_model_path
@@ -171,7 +174,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
 
 
 def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> float | None:
-    name = cfg.get("optimized_metric")
+    name = cfg.monitor.metric if "monitor" in cfg else None
     ckpt = trainer.checkpoint_callback
     if (
         name

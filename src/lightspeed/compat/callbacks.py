@@ -8,6 +8,7 @@ checkpoints they write are unchanged.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,10 @@ class _StateKeyOnce:
 
 
 class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
-    """`on_train_batch_end` returns at once when neither `every_n_train_steps` nor
+    """Without a `filename`, each file is named by its epoch and the monitored metric's value
+    (`epoch005-val_acc0.9944.ckpt`).
+
+    `on_train_batch_end` returns at once when neither `every_n_train_steps` nor
     `train_time_interval` is set, where Lightning's returns after checking the trainer's state.
 
     A step save (`every_n_train_steps`) that falls on an epoch's last batch waits for the validation that
@@ -43,8 +47,14 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
 
     _save_after_validation = False
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, *args: Any, filename: str | None = None, monitor: str | None = None, **kwargs: Any
+    ) -> None:
+        if filename is None and monitor:  # epoch005-val_acc0.9944.ckpt: the name says what picked it
+            slug = re.sub(r"[^\w.-]", "_", monitor)
+            filename = f"epoch{{epoch:03d}}-{slug}{{{monitor}:.4f}}"
+            kwargs["auto_insert_metric_name"] = False  # Lightning would insert `val/acc=`: a sub-folder
+        super().__init__(*args, filename=filename, monitor=monitor, **kwargs)
         #: The validation metrics (`val/...`) of the best checkpoint, as it was saved: a summary can show
         #: the best checkpoint's accuracy and loss beside the last one's, whichever metric picked it.
         self.best_metrics: dict[str, float] = {}

@@ -16,10 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from hydra.utils import get_object
-from lightning.pytorch.callbacks import Checkpoint, EarlyStopping
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR
@@ -104,7 +102,10 @@ FOLDER_KEYS = ("run_name", "task_name")
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
     "data.split_seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
-    "data.normalize": (lambda v: isinstance(v, bool), "true or false"),
+    "data.normalize": (
+        lambda v: isinstance(v, bool) or v == "per_feature",
+        "true (one mean and std), per_feature (each input feature its own: tabular data) or false",
+    ),
     "model.optimizer.weight_decay": (lambda v: _is_finite(v) and v >= 0, "a number >= 0"),
     "model.optimizer.momentum": (lambda v: _is_finite(v) and 0 <= v < 1, "a number from 0 to below 1"),
     "model.scheduler.pct_start": (lambda v: _is_finite(v) and 0 < v < 1, "a number between 0 and 1"),
@@ -137,8 +138,9 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a count >= 1, -1 for all, auto, or a list of device indices like [0, 1]",
     ),
     "callbacks.model_checkpoint.save_top_k": _int_at_least(-1, " (-1: keep every checkpoint)"),
-    "callbacks.model_checkpoint.mode": _one_of("min", "max"),
-    "callbacks.early_stopping.mode": _one_of("min", "max"),
+    "monitor.metric": (lambda v: v is None or (isinstance(v, str) and v != ""), "a metric's name, or null"),
+    "monitor.mode": (lambda v: v is None or v in ("min", "max"), "min, max, or null (the model's)"),
+    "monitor.check_mode": (lambda v: isinstance(v, bool), "true or false"),
     "callbacks.early_stopping.patience": _int_at_least(0),
     "run_name": _folder_name(),
     "task_name": _folder_name(),
@@ -259,10 +261,24 @@ def allowed_targets(local: Path = LOCAL_CONFIG) -> tuple[str, ...]:
     return (*ALLOWED_TARGETS, *(str(name) for name in extra or []), *env)
 
 
+#: A `_target_: <import path>` line in a yaml file.
+_TARGET_LINE = re.compile(r"^\s*_target_:\s*['\"]?([A-Za-z_][\w.]*)['\"]?\s*(?:#.*)?$", re.MULTILINE)
+
+
+def conf_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
+    """Every class the repository's own `conf/` names by `_target_`: code the user put there, trusted
+    as the `.py` files beside it are (your LightningModule, a library's net), by exact name."""
+    return frozenset(
+        match[1] for path in conf_dir.rglob("*.yaml") for match in _TARGET_LINE.finditer(path.read_text())
+    )
+
+
 def is_allowed(target: str, allowed: Sequence[str]) -> bool:
-    """`target` is under an allowed name, and so is the object it finds: `lightspeed.x.shutil.copyfile`
-    starts with an allowed name but is shutil's function, reached through a module's attribute. (Only a
-    name under an allowed one is ever imported.)"""
+    """`target` is named in `conf/`, or is under an allowed name and so is the object it finds:
+    `lightspeed.x.shutil.copyfile` starts with an allowed name but is shutil's function, reached through
+    a module's attribute. (Only a name under an allowed one is ever imported.)"""
+    if target in conf_targets():
+        return True
     if not _under(target, allowed):
         return False
     try:
@@ -281,8 +297,9 @@ def _under(target: str, allowed: Sequence[str]) -> bool:
 def _refuse(name: str, target: Any) -> ConfigError:
     return ConfigError(
         f"{name}={target} is not allowed: configs may instantiate lightspeed.*, Lightning's Trainer, "
-        "callbacks, loggers, strategies, profilers and plugins, datetime.timedelta, and what "
-        "allowed_targets lists in conf/local/default.yaml: add a name you trust there"
+        "callbacks, loggers, strategies, profilers and plugins, datetime.timedelta, the classes a yaml "
+        "file of conf/ names, and what allowed_targets lists in conf/local/default.yaml: add a name you "
+        "trust there"
     )
 
 
@@ -454,34 +471,3 @@ def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
                 raise ConfigError(
                     f"{group}={option} is not an option: use one of {', '.join(choices)} (conf/{group}/)"
                 )
-
-
-class MonitorCheck(L.Callback):
-    """Refuses, in one line, a checkpoint or early-stopping `monitor` that names no metric the model
-    logs: right after the sanity check (before any training), else at the first validation. Lightning
-    would say so only at its first save, an epoch in, with a traceback."""
-
-    _KEYS = (
-        (EarlyStopping, "callbacks.early_stopping.monitor"),
-        (Checkpoint, "callbacks.model_checkpoint.monitor"),
-    )
-
-    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._check(trainer)
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self._check(trainer)
-
-    def _check(self, trainer: L.Trainer) -> None:
-        logged = sorted({*trainer.callback_metrics, "epoch", "step"})  # Lightning adds the last two
-        for callback in trainer.callbacks:
-            key = next((k for kind, k in self._KEYS if isinstance(callback, kind)), None)
-            monitor = getattr(callback, "monitor", None)
-            if key is None or not monitor or monitor in logged or monitor.startswith("train"):
-                continue
-            close = difflib.get_close_matches(monitor, logged, n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise ConfigError(
-                f"{key}={monitor} is not a metric the model logs: {hint}(it logs {', '.join(logged)})"
-            )

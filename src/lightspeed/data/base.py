@@ -114,10 +114,13 @@ class ArrayDataModule(L.LightningDataModule):
     `on_device="auto"` is decided here, where the data set's size is known (`on_device_choice`).
     """
 
-    #: (C, H, W) of one input and the number of classes; subclasses set them (or compute them from
-    #: their own arguments) so that the model can be built before any data is loaded.
+    #: What the model is built from, where its constructor takes arguments of these names: the shape of
+    #: one input, and the number of classes (a classifier's) or of targets (a regressor's). Subclasses
+    #: set those of their task (or compute them from their own arguments), so that the model can be built
+    #: before any data is loaded. A data set that declares `num_classes` has its labels checked.
     input_shape: tuple[int, ...]
     num_classes: int
+    num_targets: int
 
     def __init__(
         self,
@@ -133,7 +136,7 @@ class ArrayDataModule(L.LightningDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
         split_seed: int = 0,
-        normalize: bool = True,
+        normalize: bool | str = True,
     ) -> None:
         super().__init__()
         self.batch_size = batch_size
@@ -162,13 +165,20 @@ class ArrayDataModule(L.LightningDataModule):
 
     @abstractmethod
     def load_arrays(self) -> Arrays | dict[str, Arrays]:
-        """The samples as (inputs (N, *input_shape), labels int64 (N,)); inputs are float32, or uint8 (images
-        as published: kept as bytes, scaled on the device by the train split's mean and std). All samples,
-        split here at random; or named splits kept as given, `{"train": ..., "test": ...}` (an official
-        test split), where a missing `val` or `test` is drawn at random from `train` (`val_fraction`,
-        `test_fraction` of its samples)."""
+        """The samples as (inputs (N, ...), targets (N, ...)). Inputs are float32 (standardised as
+        `normalize` says), uint8 (images as published: kept as bytes, scaled on the device by the train
+        split's mean and std) or other integers (tokens: left as they are). Targets are what the task
+        needs: int64 class labels, float regression targets, token sequences. All samples, split here at
+        random; or named splits kept as given, `{"train": ..., "test": ...}` (an official test split),
+        where a missing `val` or `test` is drawn at random from `train` (`val_fraction`, `test_fraction`
+        of its samples)."""
 
     def setup(self, stage: str | None = None) -> None:
+        self._load()
+        self._check_batch_size(stage)
+
+    def _load(self) -> None:
+        """The splits, normalised; once."""
         if self.splits:
             return
         loaded = self.load_arrays()
@@ -180,17 +190,67 @@ class ArrayDataModule(L.LightningDataModule):
                 f"{', '.join(SPLITS)} (train is required)"
             )
         parts = self._draw_missing_splits(given)
+        self._check_labels(parts)
         # Before normalisation: a sample's identity is its raw input, whatever the statistics.
         self.sample_ids = {name: sample_ids(x) for name, (x, _) in parts.items()}
         train_x = parts["train"][0]
         if train_x.dtype == torch.uint8:
             # Kept and moved as bytes (a quarter of float32's memory and copy time), scaled on the device.
-            self.input_scale = mean_std(train_x) if self.normalize else (0.0, 255.0)
-        elif self.normalize:
-            mean, std = train_x.mean(), train_x.std().clamp_min(1e-8)
+            self.input_scale = self._byte_scale(train_x)
+        elif train_x.is_floating_point() and self.normalize:
+            # per_feature: each input feature by its own statistics (tabular columns in unrelated units)
+            dims = 0 if self.normalize == "per_feature" else None
+            mean, std = train_x.mean(dim=dims), train_x.std(dim=dims).clamp_min(1e-8)
             parts = {name: ((x - mean) / std, y) for name, (x, y) in parts.items()}
         self.splits = {name: TensorDataset(x.contiguous(), y) for name, (x, y) in parts.items()}
-        self._check_batch_size(stage)
+
+    def _byte_scale(self, train_x: Tensor) -> tuple[float, float]:
+        """(mean, std) that uint8 inputs are scaled by on the device: the train split's, or 0 and 255."""
+        if self.normalize == "per_feature":
+            raise ConfigError(
+                "data.normalize=per_feature is for float (tabular) inputs; these are uint8 images: use "
+                "data.normalize=true (one mean and std) or false"
+            )
+        return mean_std(train_x) if self.normalize else (0.0, 255.0)
+
+    def _check_labels(self, parts: dict[str, Arrays]) -> None:
+        """A data set that declares `num_classes` gives integer labels from 0 to num_classes - 1: one line
+        before any training, where a classifier's loss would fail with a traceback (float targets) or on
+        a GPU with a device-side assert (a label out of range)."""
+        classes = getattr(self, "num_classes", None)
+        if classes is None:
+            return
+        name = type(self).__name__
+        for split, (_, y) in parts.items():
+            if y.is_floating_point() or y.dtype == torch.bool:
+                raise ConfigError(
+                    f"data: {name} declares num_classes={classes}, but its {split} labels are {y.dtype}: "
+                    f"give int64 class labels 0..{classes - 1}; for regression targets declare num_targets "
+                    "instead of num_classes, and train a regressor (model=regressor)"
+                )
+            low, high = int(y.min()), int(y.max())
+            if low < 0 or high >= classes:
+                raise ConfigError(
+                    f"data: {name}'s {split} labels range over {low}..{high}, outside 0..{classes - 1} for "
+                    f"num_classes={classes}: set num_classes to the number of classes, or fix the labels"
+                )
+
+    @property
+    def target_mean(self) -> list[float]:
+        """Per target, the train split's mean: what a regressor standardises its targets by (passed to it
+        where its constructor takes `target_mean`). Loads the data, if that has not happened yet."""
+        return self._target_stats()[0]
+
+    @property
+    def target_std(self) -> list[float]:
+        """Per target, the train split's standard deviation (see `target_mean`)."""
+        return self._target_stats()[1]
+
+    def _target_stats(self) -> tuple[list[float], list[float]]:
+        self._load()
+        y = self.splits["train"].tensors[1].double()
+        y = y.reshape(len(y), -1)
+        return y.mean(dim=0).tolist(), y.std(dim=0).clamp_min(1e-8).tolist()
 
     def _check_batch_size(self, stage: str | None) -> None:
         per_rank = len(self.splits["train"]) // self._ranks()[1]

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed.core.config import ConfigError
 from lightspeed.core.files import readable
-from lightspeed.data.base import ArrayDataModule, mean_std
+from lightspeed.data.base import ArrayDataModule
 from lightspeed.data.device_loader import whole_batch
 from lightspeed.data.images import DECODE_VERSION, ImageFiles, Listing, file_ids, fingerprint, scan
 
@@ -64,7 +64,7 @@ class ImageFolderDataModule(ArrayDataModule):
         if self.cache:
             self._cached_pixels()
 
-    def setup(self, stage: str | None = None) -> None:
+    def _load(self) -> None:
         if self.splits:
             return
         listing = self.listing
@@ -97,8 +97,7 @@ class ImageFolderDataModule(ArrayDataModule):
         else:
             self.splits = {name: self._files(rows, y) for name, (rows, y) in parts.items()}
             train_x = self._files(sample, listing.labels[sample]).__getitems__(list(range(len(sample))))[0]
-        self.input_scale = mean_std(train_x) if self.normalize else (0.0, 255.0)
-        self._check_batch_size(stage)
+        self.input_scale = self._byte_scale(train_x)
 
     def _files(self, rows: Tensor, labels: Tensor) -> ImageFiles:
         files = [self.listing.files[i] for i in rows.tolist()]

@@ -1,28 +1,31 @@
-"""An image classifier: any registered net, cross-entropy, accuracy, optimizer and LR schedule from the
-config. Plain Lightning: what exact resume and speed need lives in callbacks and `lightspeed.compat`."""
+"""An image classifier: any net, cross-entropy, accuracy, optimizer and LR schedule from the config.
+Plain Lightning: what exact resume and speed need lives in callbacks and `lightspeed.compat`."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lightspeed.compat.trainer import is_last_batch, logs_this_step
-from lightspeed.core.config import ConfigError
+from lightspeed.models import optim
 from lightspeed.models.metrics import Accuracy
 from lightspeed.models.nets import build_net
-from lightspeed.models.optim import build_optimizer, build_scheduler
 
 
 class Classifier(L.LightningModule):
     """All arguments are plain containers, so `save_hyperparameters` stores only plain data and every
-    checkpoint loads with `torch.load(..., weights_only=True)`."""
+    checkpoint loads with `torch.load(..., weights_only=True)`. `num_classes` and `input_shape` come from
+    the data (its DataModule's attributes of those names)."""
+
+    #: What picks the best checkpoint and stops early, unless the config's `monitor` says otherwise: a
+    #: classifier is judged by accuracy (val/loss can rise while accuracy still improves: overconfident
+    #: mistakes), so the loss would pick an early checkpoint.
+    monitor: ClassVar[dict[str, str]] = {"metric": "val/acc", "mode": "max"}
 
     def __init__(
         self,
@@ -34,17 +37,20 @@ class Classifier(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = build_net(net, input_shape, num_classes)
+        self.net = build_net(net, input_shape=input_shape, num_outputs=num_classes)
         self.example_input_array = torch.zeros(2, *input_shape)  # lets ModelSummary show shapes and FLOPs
         self.train_acc, self.val_acc, self.test_acc = Accuracy(), Accuracy(), Accuracy()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
+    def loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(logits, y)
+
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         logits = self(x)
-        loss = F.cross_entropy(logits, y)
+        loss = self.loss(logits, y)
         self.train_acc.update(logits, y)  # on the device; computed at the epoch's end
         # Logged where the logger writes, and at each epoch's first and last batch (the accuracy is the
         # epoch's, computed at its end): each self.log costs Python time, though no device sync.
@@ -57,7 +63,7 @@ class Classifier(L.LightningModule):
         x, y = batch
         logits = self(x)
         acc.update(logits, y)
-        self.log(f"{stage}/loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log(f"{stage}/loss", self.loss(logits, y), sync_dist=True)
         self.log(f"{stage}/acc", acc, prog_bar=True)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
@@ -67,23 +73,11 @@ class Classifier(L.LightningModule):
         self._eval_step(batch, "test", self.test_acc)
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """One row a sample in predictions.csv: these columns (class names beside `pred` and `target`
+        where the data names its classes)."""
         x, y = batch
         probs = self(x).softmax(dim=-1)
-        return {"pred": probs.argmax(dim=-1), "prob": probs.max(dim=-1).values, "target": y}
+        return {"target": y, "pred": probs.argmax(dim=-1), "prob": probs.max(dim=-1).values}
 
     def configure_optimizers(self) -> Any:
-        optimizer = build_optimizer(self.parameters(), self.hparams["optimizer"])
-        kind = self.hparams["scheduler"].get("name", "none")
-        if kind == "none":
-            return optimizer
-        steps = self.trainer.estimated_stepping_batches
-        if not math.isfinite(steps):
-            raise ConfigError(
-                f"model.scheduler.name={kind} needs a known length, but trainer.max_epochs=-1 sets none: "
-                "set trainer.max_steps, or model.scheduler.name=none"
-            )
-        lr = self.hparams["optimizer"]["lr"]
-        scheduler, unused = build_scheduler(optimizer, self.hparams["scheduler"], int(steps), lr)
-        if unused:
-            rank_zero_info(f"model.scheduler.name={kind}: ignoring {', '.join(unused)} (not its arguments)")
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return optim.configure(self, self.hparams["optimizer"], self.hparams["scheduler"])

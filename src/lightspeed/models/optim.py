@@ -8,7 +8,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightspeed.core.config import ConfigError
 
@@ -60,3 +62,22 @@ def build_scheduler(
     accepted = inspect.signature(cls).parameters
     unused = sorted(k for k in kwargs if k not in accepted)
     return cls(optimizer, **fixed, **{k: v for k, v in kwargs.items() if k in accepted}), unused
+
+
+def configure(module: L.LightningModule, optimizer_cfg: dict[str, Any], scheduler_cfg: dict[str, Any]) -> Any:
+    """What a LightningModule's `configure_optimizers` returns: the optimizer over its parameters and a
+    schedule stepped once per optimizer step, over the run's length as the Trainer estimates it."""
+    optimizer = build_optimizer(module.parameters(), optimizer_cfg)
+    kind = scheduler_cfg.get("name", "none")
+    if kind == "none":
+        return optimizer
+    steps = module.trainer.estimated_stepping_batches
+    if not math.isfinite(steps):
+        raise ConfigError(
+            f"model.scheduler.name={kind} needs a known length, but trainer.max_epochs=-1 sets none: "
+            "set trainer.max_steps, or model.scheduler.name=none"
+        )
+    scheduler, unused = build_scheduler(optimizer, scheduler_cfg, int(steps), optimizer_cfg["lr"])
+    if unused:
+        rank_zero_info(f"model.scheduler.name={kind}: ignoring {', '.join(unused)} (not its arguments)")
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -230,8 +230,11 @@ def _explain_load_error(err: BaseException, path: Any) -> None:
             "settings changed since it was saved; use run_name=<new name> to train anew, or the code "
             "and settings that wrote it"
         ) from None
-    # torch.load's errors for an empty file and for a truncated zip archive
-    if isinstance(err, EOFError) or (isinstance(err, RuntimeError) and "PytorchStreamReader" in str(err)):
+    # torch.load's errors for an empty file and for a truncated zip archive (read whole, or memory-mapped)
+    unreadable = ("PytorchStreamReader", "mmap can only be used with files saved with")
+    if isinstance(err, EOFError) or (
+        isinstance(err, RuntimeError) and any(u in str(err) for u in unreadable)
+    ):
         raise ConfigError(
             f"ckpt_path={path} is not a readable checkpoint (empty or truncated? {type(err).__name__}): "
             "pass another one, e.g. the run's other .ckpt file"

@@ -45,7 +45,7 @@ NOT_IDENTITY = (
     "resume",
     "ckpt_path",
     "test_after_fit",
-    "optimized_metric",
+    "monitor.check_mode",  # a check of the settings, not a setting
     "logger",
     "allowed_targets",
     "data.num_workers",

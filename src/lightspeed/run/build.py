@@ -19,9 +19,10 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
+from lightspeed import CONF_DIR
 from lightspeed.compat import hooks
 from lightspeed.compat.callbacks import ModelCheckpoint
-from lightspeed.core.config import ConfigError, MonitorCheck, check_node
+from lightspeed.core.config import ConfigError, check_node
 from lightspeed.models import nets
 from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
@@ -30,6 +31,7 @@ from lightspeed.resilience.identity import RunIdentity
 from lightspeed.resilience.nonfinite import NonFiniteGuard
 from lightspeed.resilience.preemption import Preemption
 from lightspeed.resilience.rank_seed import RankSeed
+from lightspeed.run.monitor import MonitorCheck, uses
 from lightspeed.speed.accel import LOADER_KNOBS
 
 #: What a TypeError says when a config's keys do not fit a constructor's arguments.
@@ -66,11 +68,7 @@ def datamodule(cfg: DictConfig) -> L.LightningDataModule:
     where its constructor takes them; a DataModule of your own that builds its own loaders need not
     (one info line names what it left to its loaders)."""
     node = cfg.data
-    check_node(node, "data")  # before anything is imported
-    try:
-        target = get_object(str(node.get("_target_")))  # a class, or a function that makes one
-    except (ImportError, ValueError, AttributeError) as err:
-        raise ConfigError(f"data._target_={node.get('_target_')} cannot be imported ({err})") from None
+    target = _import(node, "data")
     params = inspect.signature(target).parameters.values()
     if not any(p.kind is p.VAR_KEYWORD for p in params):
         names = {p.name for p in params}
@@ -85,49 +83,125 @@ def datamodule(cfg: DictConfig) -> L.LightningDataModule:
 
 
 def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
-    # What only the data knows (classes, input shape) is passed at run time, never via globals.
-    missing = [name for name in ("num_classes", "input_shape") if not hasattr(dm, name)]
-    if missing:
-        raise ConfigError(
-            f"data: {type(dm).__name__} has no {' and no '.join(missing)}: the model is built from them; "
-            "set them as attributes of your DataModule (e.g. num_classes = 10, input_shape = (1, 28, 28))"
-        )
-    check_inputs_fit(cfg, dm)
-    module = instantiate(
-        cfg.model, "model", num_classes=dm.num_classes, input_shape=list(dm.input_shape), _convert_="all"
-    )
+    """The configured LightningModule, given what only the data knows (`from_data`)."""
+    given = from_data(cfg, dm)
+    check_inputs_fit(cfg, given)
+    # Not recursive: a `_target_` inside (model.net) reaches the module as plain data, which it builds
+    # itself and keeps in its hyperparameters (weights_only checkpoints)
+    module = instantiate(cfg.model, "model", **given, _convert_="all", _recursive_=False)
     hooks.speed_up_module(module)
     return module
 
 
+def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
+    """What the model is built from that only the data knows, passed at run time (never via globals):
+    each argument of the model's constructor that its config leaves unset and the DataModule has as an
+    attribute of that name (`num_classes`, `input_shape`, `vocab_size`, a regressor's target statistics).
+    A required one that neither gives is one line, naming the models of conf/model/ that fit the data."""
+    target = _import(cfg.model, "model")
+    wanted = {n: p for n, p in _parameters(target).items() if n not in cfg.model}
+    missing = [n for n, p in wanted.items() if not _has(dm, n) and p.default is p.empty]
+    if missing:
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        model_ = choices.get("model")
+        fit = [m for m in _model_options() if m != model_ and _fits(m, dm)]
+        hint = f" ({', '.join(f'model={m}' for m in fit)})" if fit else ""
+        names = " and ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
+        raise ConfigError(
+            f"{_named(choices, 'model', target)} is built from the data's {names}, which "
+            f"{_named(choices, 'data', type(dm))} does not give: choose a model for this data{hint}, or give "
+            f"your DataModule {'these attributes' if len(missing) > 1 else 'that attribute'}"
+        )
+    # only now: an attribute may be a property that loads the data (a regressor's target statistics)
+    return {n: plain(getattr(dm, n)) for n in wanted if _has(dm, n)}
+
+
+def _named(choices: dict[str, Any], group: str, cls: Any) -> str:
+    """`model=cnn (Classifier)`, or `model Classifier` where the group's option is not a file of conf/."""
+    name = getattr(cls, "__name__", str(cls))
+    return f"{group}={choices[group]} ({name})" if choices.get(group) else f"{group} {name}"
+
+
+def _import(node: Any, where: str) -> Any:
+    check_node(node, where)  # before anything is imported
+    try:
+        return get_object(str(node.get("_target_")))  # a class, or a function that makes one
+    except (ImportError, ValueError, AttributeError) as err:
+        raise ConfigError(f"{where}._target_={node.get('_target_')} cannot be imported ({err})") from None
+
+
+def _parameters(target: Any) -> dict[str, inspect.Parameter]:
+    skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return {n: p for n, p in inspect.signature(target).parameters.items() if p.kind not in skip}
+
+
+def _has(obj: Any, name: str) -> bool:
+    """`obj` has attribute `name`, found without running a property (which may load the data)."""
+    return inspect.getattr_static(obj, name, _MISSING) is not _MISSING
+
+
+_MISSING = object()
+
+
+def plain(value: Any) -> Any:
+    """Tuples, tensors and arrays as lists: hyperparameters stay plain data (weights_only checkpoints)."""
+    if isinstance(value, (tuple, list)):
+        return [plain(v) for v in value]
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _model_options() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+
+
+def _fits(option: str, dm: L.LightningDataModule) -> bool:
+    """Whether conf/model/<option>.yaml's model is built from what the data gives, and takes its inputs."""
+    cfg = OmegaConf.create({"model": OmegaConf.load(CONF_DIR / "model" / f"{option}.yaml")})
+    try:
+        target = _import(cfg.model, "model")
+        params = _parameters(target)
+        if not all(n in cfg.model or _has(dm, n) or p.default is not p.empty for n, p in params.items()):
+            return False
+        check_inputs_fit(
+            cfg, {n: plain(getattr(dm, n)) for n in params if n not in cfg.model and _has(dm, n)}
+        )
+    except (ConfigError, TypeError, ValueError):
+        return False
+    return True
+
+
 #: What torch says when a tensor's shape does not fit a layer.
-_SHAPE_ERROR = re.compile(r"shape|size|dimension|[Ee]xpected .*input", re.IGNORECASE)
+_SHAPE_ERROR = re.compile(r"shape|size|dim|[Ee]xpected .*input", re.IGNORECASE)
 
 
-def check_inputs_fit(cfg: DictConfig, dm: L.LightningDataModule) -> None:
-    """One forward pass of a copy of the model on PyTorch's meta device (shapes, no data, no memory): a
-    net that cannot take the data's input shape (a 1D data set with the 2D default CNN) is one line
-    naming both, not a traceback from the first training step. A net that cannot even be built for the
-    shape (a 1D net given 2D images) is named by the input shapes it declares (`example_input_shapes`)."""
-    check_node(cfg.model, "model")  # the probe is built before the model itself
-    shape = list(dm.input_shape)
+def check_inputs_fit(cfg: DictConfig, given: dict[str, Any]) -> None:
+    """One forward pass of a copy of the model on PyTorch's meta device (shapes, no data, no memory), on
+    the example input it declares (`example_input_array`, built from what the data gives): a net that
+    cannot take the data's inputs (a 1D data set with the 2D default CNN) is one line naming both, not a
+    traceback from the first training step. A registered net that cannot even be built for the data's
+    `input_shape` (a 1D net given 2D images) is named by the input shapes it declares
+    (`example_input_shapes`). A model that declares no example input is not checked here."""
+    shape = given.get("input_shape")
     try:
         with torch.device("meta"):
-            probe = _instantiate(cfg.model, num_classes=dm.num_classes, input_shape=shape, _convert_="all")
+            probe = _instantiate(cfg.model, **given, _convert_="all", _recursive_=False)
     except Exception:  # not for this shape, or not on the meta device (it loads weights, say)
         net = OmegaConf.select(cfg, "model.net.name", default=None)
         declared = getattr(nets.find(net), "example_input_shapes", None)
-        if declared and all(len(d) != len(shape) for d in declared):
+        if shape is not None and declared and all(len(d) != len(shape) for d in declared):
             _refuse(shape, f"model.net {net} is built for inputs like {', '.join(map(str, declared))}")
         return  # unchecked: building it for real will tell
+    example = getattr(probe, "example_input_array", None)
+    if not isinstance(example, torch.Tensor):
+        return
     try:
         with torch.no_grad():
-            probe.eval()(torch.empty(2, *shape, device="meta"))
+            probe.eval()(example.to("meta"))
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if not _SHAPE_ERROR.search(first):
             return  # not about shapes (an op the meta device lacks): training will tell
-        _refuse(shape, first)
+        _refuse(shape if shape is not None else list(example.shape[1:]), first)
     except Exception:
         pass
 
@@ -181,7 +255,8 @@ def callbacks(cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = 
         found = [cb for cb in found if not isinstance(cb, EarlyStopping)]
     data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
     extra = [RankSeed(cfg.seed), ExactResume(), RunIdentity(ident or identity.of(cfg), data)]
-    return [MonitorCheck(), *found, *extra]  # first: its checks run before the callbacks it checks
+    check = MonitorCheck(cfg.monitor.metric, cfg.monitor.mode, uses(cfg)) if "monitor" in cfg else None
+    return [*([check] if check else []), *found, *extra]  # first: it runs before the callbacks it checks
 
 
 def trainer(

@@ -1,5 +1,7 @@
-"""The table a sweep (`-m`) ends with: one row per job, its overrides, its score and test figures, also
-written as Markdown under `<log dir>/<task>/sweeps/`. Hydra calls this callback (conf/hydra/default.yaml)."""
+"""The table a sweep (`-m`) ends with: one row per job, its overrides, its score (the run's monitored
+metric, best checkpoint's) and the validation and test metrics its model logged, whatever the task; the
+best score marked. Also written as Markdown under `<log dir>/<task>/sweeps/`. Hydra calls this callback
+(conf/hydra/default.yaml)."""
 
 from __future__ import annotations
 
@@ -20,12 +22,15 @@ from lightspeed.core.summary import SUMMARY_FILE
 class SweepTable(Callback):
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.monitor: dict[str, Any] = {}
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         run_dir = Path(str(config.paths.output_dir))
-        metrics = {}
+        record = {}
         if (run_dir / SUMMARY_FILE).is_file():
-            metrics = json.loads((run_dir / SUMMARY_FILE).read_text()).get("metrics", {})
+            record = json.loads((run_dir / SUMMARY_FILE).read_text())
+        metrics = record.get("metrics", {})
+        self.monitor = (record.get("config") or {}).get("monitor") or self.monitor  # as the job settled it
         failed = job_return.status != JobStatus.COMPLETED
         self.rows.append(
             {
@@ -33,22 +38,39 @@ class SweepTable(Callback):
                 "run": run_dir.name,
                 "status": "failed" if failed else "done",
                 "score": None if failed else job_return.return_value,
-                **{k: metrics.get(k) for k in ("val/loss", "val/acc", "test/loss", "test/acc")},
+                "metrics": {
+                    k: v for k, v in metrics.items() if k.startswith(("val/", "test/")) and "@" not in k
+                },
             }
         )
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.rows:
             return
-        metric = str(config.get("optimized_metric") or "score")
+        metric, mode = self.monitor.get("metric"), self.monitor.get("mode")
         shared = [o for o in self.rows[0]["overrides"] if all(o in row["overrides"] for row in self.rows)]
         for row in self.rows:  # each row shows what it varies; the title what all share
             row["overrides"] = " ".join(o for o in row["overrides"] if o not in shared) or "-"
-        columns = ["overrides", "run", "status", "score", "val/loss", "val/acc", "test/loss", "test/acc"]
-        names = [f"{metric} (best ckpt)" if c == "score" else c for c in columns]
-        cells = [[_cell(row[c]) for c in columns] for row in self.rows]
-        title = f"Lightspeed: sweep of {len(self.rows)} runs" + (
-            f", all with {' '.join(shared)}" if shared else ""
+        scores = [row["score"] for row in self.rows if isinstance(row["score"], (int, float))]
+        best = (min if mode == "min" else max)(scores) if scores else None
+        logged = sorted(
+            {k for row in self.rows for k in row["metrics"]}, key=lambda k: (k.startswith("test/"), k)
+        )
+        names = ["overrides", "run", "status", f"{metric or 'score'} ({mode or '?'}, best ckpt)", *logged]
+        cells = [
+            [
+                row["overrides"],
+                row["run"],
+                row["status"],
+                _cell(row["score"]) + (" *" if row["score"] == best and best is not None else ""),
+                *(_cell(row["metrics"].get(k)) for k in logged),
+            ]
+            for row in self.rows
+        ]
+        title = (
+            f"Lightspeed: sweep of {len(self.rows)} runs"
+            + (f", all with {' '.join(shared)}" if shared else "")
+            + (" (* the best)" if best is not None else "")
         )
         table = Table(title=title, title_justify="left")
         for name in names:

@@ -282,19 +282,23 @@ class SpeedReport(L.Callback):
 
 
 def measure_flops(pl_module: L.LightningModule, batch: Any) -> float | None:
-    """FLOPs of one training step's forward and backward, counted on a copy of the net on the `meta`
-    device (shapes only: no memory, no time, no effect on the run). None for modules without a `net`."""
-    hparams = getattr(pl_module, "hparams", {})
-    if not {"net", "input_shape", "num_classes"} <= set(hparams):
+    """FLOPs of one training step's forward and backward on the batch's inputs (its first element),
+    counted on a copy of the module on the `meta` device, built from its hyperparameters (shapes only: no
+    memory, no time, no effect on the run). None where such a copy cannot be built or run."""
+    inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+    if not isinstance(inputs, torch.Tensor):
         return None
-    from lightspeed.models.nets import build_net
-
-    with torch.device("meta"):
-        net = build_net(hparams["net"], hparams["input_shape"], hparams["num_classes"])
-        x = torch.empty(_batch_size(batch), *hparams["input_shape"])
     counter = FlopCounterMode(display=False)
-    with counter:
-        net(x).sum().backward()
+    try:
+        with torch.device("meta"):
+            copy = type(pl_module)(**pl_module.hparams)
+        with counter:
+            out = copy(torch.empty(inputs.shape, dtype=inputs.dtype, device="meta"))
+            out = out[0] if isinstance(out, (tuple, list)) else out
+            if out.requires_grad:
+                out.float().sum().backward()
+    except Exception:  # a module that cannot be rebuilt from its hyperparameters, or not on meta
+        return None
     return float(counter.get_total_flops())
 
 

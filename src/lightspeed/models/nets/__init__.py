@@ -1,22 +1,28 @@
-"""The nets a model can use, by name: a file in this folder that decorates its class with
-`@register("name")` is found automatically; `model.net.name=<name>` selects it. Each net says which
-input shapes it is built for in a class attribute, `example_input_shapes` (e.g. `((1, 40),)` for one
-channel of 40 samples): the tests build and run every registered net on each of them.
+"""The nets a model can use. By short name: a file in this folder that decorates its class with
+`@register("name")` is found automatically; `model.net.name=<name>` selects it. Each registered net takes
+`input_shape` and `num_outputs` (classes for a classifier, targets for a regressor) and says which input
+shapes it is built for in a class attribute, `example_input_shapes` (e.g. `((1, 40),)` for one channel of
+40 samples): the tests build and run every registered net on each of them.
 
-Nets are built from a name and plain keyword arguments, never from a `_target_` import path, so that
-loading a checkpoint (whose hyperparameters name the net) cannot import or run arbitrary code.
+Or any `nn.Module` class by import path, as Hydra names it: `model.net._target_=mypackage.MyNet` (its
+own keyword arguments beside it), yours or a library's, with no wrapper file. Either way the net gets what
+the model passes from the data (`input_shape`, `num_outputs`, `vocab_size`, ...) where its constructor
+takes them. A `_target_` passes the same allow-list as every config (`lightspeed.core.config`): a
+checkpoint, whose hyperparameters name its net, cannot import or run other code.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from hydra.utils import get_object
 from torch import nn
 
-from lightspeed.core.config import ConfigError
+from lightspeed.core.config import ConfigError, check_node
 
 NETS: dict[str, type[nn.Module]] = {}
 
@@ -44,14 +50,42 @@ def find(name: Any) -> type[nn.Module] | None:
     return NETS.get(name) if isinstance(name, str) else None
 
 
-def build_net(spec: dict[str, Any], input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    """`spec` is `{"name": ..., **kwargs}` as in `conf/model/*.yaml`'s `net:` block."""
-    _discover()
+def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
+    """`spec` is the `net:` block of `conf/model/*.yaml`: `{"name": ..., **kwargs}` for a registered net,
+    or `{"_target_": ..., **kwargs}` for any nn.Module class. `given`: what the model knows from the data,
+    passed where the constructor takes it (a key set in `spec` wins)."""
     kwargs = dict(spec)
-    name = kwargs.pop("name", None)
-    if name not in NETS:
-        raise ConfigError(f"model.net.name={name!r} is not a known net: use one of {', '.join(sorted(NETS))}")
+    if "_target_" in kwargs:
+        check_node(kwargs, "model.net")  # a checkpoint's hyperparameters name it: only allowed code
+        target = kwargs.pop("_target_")
+        try:
+            cls = get_object(str(target))
+        except (ImportError, ValueError, AttributeError) as err:
+            raise ConfigError(f"model.net._target_={target} cannot be imported ({err})") from None
+        name = str(target)
+    else:
+        _discover()
+        name = kwargs.pop("name", None)
+        if name not in NETS:
+            known = ", ".join(sorted(NETS))
+            raise ConfigError(
+                f"model.net.name={name!r} is not a known net: use one of {known}, or model.net._target_="
+                "<an nn.Module class>"
+            )
+        cls = NETS[name]
     try:
-        return NETS[name](input_shape=tuple(input_shape), num_classes=num_classes, **kwargs)
+        return cls(**takes(cls, given), **kwargs)
     except TypeError as err:
         raise ConfigError(f"model.net ({name}): {err}") from None
+
+
+def takes(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
+    """The entries of `offered` that `fn` (a class or a function) accepts as keyword arguments."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin): offer nothing
+        return {}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(offered)
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {k: v for k, v in offered.items() if k in params and params[k].kind in keyword}

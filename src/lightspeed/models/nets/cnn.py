@@ -27,7 +27,7 @@ class CNN(nn.Module):
     def __init__(
         self,
         input_shape: Sequence[int],
-        num_classes: int,
+        num_outputs: int,
         channels: Sequence[int] = (32, 64, 128),
         dropout: float = 0.1,
     ) -> None:
@@ -41,8 +41,8 @@ class CNN(nn.Module):
             c_in = c_out
         self.features = nn.Sequential(*stages)
         self.head = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout), nn.Linear(c_in, num_classes)
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout), nn.Linear(c_in, num_outputs)
         )
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, num_classes)
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, num_outputs)
         return self.head(self.features(x))

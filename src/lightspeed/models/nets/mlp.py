@@ -18,7 +18,7 @@ class MLP(nn.Module):
     def __init__(
         self,
         input_shape: Sequence[int],
-        num_classes: int,
+        num_outputs: int,
         hidden: Sequence[int] = (256, 256),
         dropout: float = 0.0,
     ) -> None:
@@ -28,8 +28,8 @@ class MLP(nn.Module):
         for h in hidden:
             layers += [nn.Linear(width, h), nn.ReLU(inplace=True), nn.Dropout(dropout)]
             width = h
-        layers.append(nn.Linear(width, num_classes))
+        layers.append(nn.Linear(width, num_outputs))
         self.layers = nn.Sequential(*layers)
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, *input_shape) -> (B, num_classes)
+    def forward(self, x: Tensor) -> Tensor:  # (B, *input_shape) -> (B, num_outputs)
         return self.layers(x)

@@ -37,7 +37,7 @@ class ResNet(nn.Module):
     def __init__(
         self,
         input_shape: Sequence[int],
-        num_classes: int,
+        num_outputs: int,
         widths: Sequence[int] = (32, 64, 128),
         blocks_per_stage: int = 1,
     ) -> None:
@@ -52,7 +52,7 @@ class ResNet(nn.Module):
                 stages.append(BasicBlock(c, width, stride=2 if i > 0 and j == 0 else 1))
                 c = width
         self.stages = nn.Sequential(*stages)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, num_classes))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, num_outputs))
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, num_classes)
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) -> (B, num_outputs)
         return self.head(self.stages(self.stem(x)))

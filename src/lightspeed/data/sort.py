@@ -1,0 +1,53 @@
+"""Sorting digit sequences, as minGPT's demo does: a model reads `length` random digits and writes them in
+order, a token at a time. Generated in memory from `data_seed`: no download."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightspeed.core.config import ConfigError
+from lightspeed.data.base import ArrayDataModule
+
+#: Targets that are not scored (the prompt's positions): torch's cross_entropy skips them by default.
+IGNORE = -100
+
+
+class SortDataModule(ArrayDataModule):
+    """Inputs: the digits, then the sorted digits but the last (2 * length - 1 tokens); targets: each next
+    token, with the prompt's positions but the last IGNOREd, so only the answer is scored. Every sequence
+    is distinct, so no test sequence is also a training one."""
+
+    def __init__(
+        self, num_samples: int = 10000, length: int = 8, num_digits: int = 4, data_seed: int = 0, **kwargs
+    ) -> None:
+        super().__init__(**kwargs)
+        self.num_samples, self.length, self.num_digits, self.data_seed = (
+            num_samples,
+            length,
+            num_digits,
+            data_seed,
+        )
+        self.vocab_size = num_digits  # what the model is built from
+        self.block_size = 2 * length - 1
+
+    def load_arrays(self) -> tuple[Tensor, Tensor]:
+        g = torch.Generator().manual_seed(self.data_seed)
+        space = self.num_digits**self.length  # each sequence, as a number in base num_digits
+        if space <= 2**24:  # all of them, shuffled
+            codes = torch.randperm(space, generator=g)
+        else:  # too many to list: distinct ones among twice as many random draws
+            codes = torch.randint(space, (2 * self.num_samples,), generator=g).unique()
+            codes = codes[torch.randperm(len(codes), generator=g)]
+        if len(codes) < self.num_samples:
+            raise ConfigError(
+                f"data.num_samples={self.num_samples} is more than the {len(codes)} distinct sequences of "
+                f"data.length={self.length} digits 0..{self.num_digits - 1}: lower it, or raise data.length "
+                "or data.num_digits"
+            )
+        codes = codes[: self.num_samples]
+        digits = codes[:, None] // self.num_digits ** torch.arange(self.length) % self.num_digits  # (N, L)
+        sequence = torch.cat([digits, digits.sort(dim=1).values], dim=1)  # (N, 2L)
+        x, y = sequence[:, :-1].clone(), sequence[:, 1:].clone()
+        y[:, : self.length - 1] = IGNORE  # the next digit of the prompt is random: not scored
+        return x, y

@@ -1,0 +1,135 @@
+"""The one metric a run is judged by (`monitor: {metric, mode}`): it picks the best checkpoint, stops the
+run early, names the checkpoint files and is the score a sweep optimises. Set once; every consumer reads
+it from there (`${monitor.metric}` in conf/callbacks/), and a module may declare its own default (a class
+attribute `monitor = {"metric": "val/mse", "mode": "min"}`)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+import lightning as L
+from hydra.utils import get_object
+from omegaconf import DictConfig, open_dict
+
+from lightspeed.core.config import ConfigError, check_node
+
+#: Without a config value and without the module's own default: Lightning's convention.
+FALLBACK = {"metric": "val/loss", "mode": "min"}
+
+#: Words in a metric's name that say which way is better.
+LOWER_IS_BETTER = (
+    "loss error err mse mae rmse msle mape smape nll perplexity ppl wer cer ter bpd bpc distance dist "
+    "divergence kl fid regret latency eer fpr fnr hamming"
+)
+HIGHER_IS_BETTER = (
+    "acc accuracy r2 f1 fbeta auc auroc auprc ap map precision recall iou jaccard dice bleu rouge meteor "
+    "exact match psnr ssim kappa mcc corr pearson spearman reward tpr specificity sensitivity top1 top5"
+)
+
+
+def direction(metric: str) -> str | None:
+    """`min` or `max` when the metric's name says which way is better (val/mae: min, val/acc: max), else
+    None (no word, or words of both kinds)."""
+    words = set(re.split(r"[^a-z0-9]+", metric.lower().rpartition("/")[2])) - {""}
+    lower, higher = bool(words & set(LOWER_IS_BETTER.split())), bool(words & set(HIGHER_IS_BETTER.split()))
+    return "min" if lower and not higher else "max" if higher and not lower else None
+
+
+def declared(cfg: DictConfig) -> dict[str, Any] | None:
+    """The model class's own `monitor` (`{"metric": ..., "mode": ...}`), or None."""
+    node = cfg.get("model")
+    if node is None or "_target_" not in node:
+        return None
+    check_node({"_target_": node._target_}, "model")  # before anything is imported
+    try:
+        found = getattr(get_object(str(node._target_)), "monitor", None)
+    except (ImportError, ValueError, AttributeError):
+        return None  # building the model says why, in its own line
+    return dict(found) if isinstance(found, dict) and {"metric", "mode"} <= set(found) else None
+
+
+def settle(cfg: DictConfig) -> None:
+    """Fill `monitor.metric` and `monitor.mode` (the model's default where null) and refuse, in one line, a
+    mode that contradicts the metric's name (unless `monitor.check_mode=false`) or a consumer that
+    monitors something else."""
+    if "monitor" not in cfg:
+        return
+    own = declared(cfg) or FALLBACK
+    metric, mode = cfg.monitor.get("metric"), cfg.monitor.get("mode")
+    if metric is None:
+        metric = own["metric"]
+    if mode is None:
+        mode = own["mode"] if metric == own["metric"] else direction(str(metric))
+        if mode is None:
+            raise ConfigError(
+                f"monitor.mode is not set and the name of monitor.metric={metric} does not say whether "
+                f"higher is better: set monitor.mode=min or monitor.mode=max"
+            )
+    if mode not in ("min", "max"):
+        raise ConfigError(f"monitor.mode={mode!r} is invalid: use min or max")
+    named = direction(str(metric))
+    if named is not None and named != mode and cfg.monitor.get("check_mode", True):
+        better = "lower" if named == "min" else "higher"
+        raise ConfigError(
+            f"monitor.mode={mode} contradicts monitor.metric={metric} ({better} is better by its name): use "
+            f"monitor.mode={named}, or monitor.check_mode=false if {mode} is really meant"
+        )
+    with open_dict(cfg):
+        cfg.monitor.metric, cfg.monitor.mode = str(metric), str(mode)
+    for key, node in consumers(cfg).items():
+        if node.monitor is None:  # this one watches nothing (a checkpoint every N steps, say)
+            continue
+        for field, own in (("monitor", "metric"), ("mode", "mode")):
+            want = cfg.monitor[own]
+            if field in node and node[field] != want:
+                raise ConfigError(
+                    f"{key}.{field}={node[field]} differs from monitor.{own}={want}: set the run's one "
+                    "monitor instead (monitor.metric=..., monitor.mode=...), which every consumer reads"
+                )
+
+
+def consumers(cfg: DictConfig) -> dict[str, Any]:
+    """The configured callbacks that take a metric to monitor, by config key (`monitor: null` on one of them:
+    it watches nothing)."""
+    found = cfg.get("callbacks") or {}
+    return {
+        f"callbacks.{name}": node for name, node in found.items() if node is not None and "monitor" in node
+    }
+
+
+def watching(cfg: DictConfig) -> list[str]:
+    return [key for key, node in consumers(cfg).items() if node.monitor is not None]
+
+
+def uses(cfg: DictConfig) -> str:
+    """Who reads the monitor, for messages."""
+    return ", ".join([*watching(cfg), "the run's score (sweeps)"])
+
+
+class MonitorCheck(L.Callback):
+    """Refuses, in one line, a monitor that names no metric the model logs: right after the sanity check
+    (before any training), else at the first validation. Lightning would say so only at its first save,
+    an epoch in, with a traceback."""
+
+    def __init__(self, metric: str, mode: str, used_by: str) -> None:
+        self.metric, self.mode, self.used_by = metric, mode, used_by
+
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._check(trainer)
+
+    def _check(self, trainer: L.Trainer) -> None:
+        logged = sorted({*trainer.callback_metrics, "epoch", "step"})  # Lightning adds the last two
+        if self.metric in logged or self.metric.startswith("train"):  # logged in training, not checked here
+            return
+        close = difflib.get_close_matches(self.metric, logged, n=1)
+        hint = f"did you mean monitor.metric={close[0]}? " if close else ""
+        raise ConfigError(
+            f"monitor.metric={self.metric} (mode {self.mode}, used by {self.used_by}) is not a metric the "
+            f"model logs: {hint}(it logs {', '.join(logged)})"
+        )

@@ -1,0 +1,255 @@
+"""Any task through the same machinery: a regression and a small transformer train, resume, are judged by
+their own monitored metric, evaluated and predicted from their checkpoints alone, and swept; what does not
+fit a task is one line before any training. Each test performs what a user tried (issue 22)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY
+from lightspeed.eval import run as evaluate
+from lightspeed.train import train
+
+QUIET = [o for o in TINY if "batches" not in o and "max_epochs" not in o]
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_a_classifier_on_regression_data_is_one_line_naming_the_models_that_fit(train_cfg, capsys) -> None:
+    """`make train data=diabetes model=mlp`: float targets into a classifier were a RuntimeError traceback."""
+    with pytest.raises(SystemExit) as stop:
+        train(train_cfg("data=diabetes", "model=mlp"))
+    assert stop.value.code == 2
+    assert one_line(capsys) == (
+        "error: model=mlp (Classifier) is built from the data's num_classes, which data=diabetes "
+        "(DiabetesDataModule) does not give: choose a model for this data (model=linear, model=regressor), "
+        "or "
+        "give your DataModule that attribute"
+    )
+
+
+def test_class_labels_are_checked_against_num_classes_before_training(train_cfg, capsys) -> None:
+    """A data set that declares num_classes but gives float targets, or labels out of range: one line."""
+    floats = ["~data", "+data._target_=probes.DiabetesAsClasses", "model=mlp"]
+    with pytest.raises(SystemExit) as stop:
+        train(train_cfg(*floats, *QUIET))
+    assert stop.value.code == 2
+    assert one_line(capsys).startswith(
+        "error: data: DiabetesAsClasses declares num_classes=10, but its train labels are torch.float32: "
+        "give "
+        "int64 class labels 0..9; for regression targets declare num_targets instead of num_classes"
+    )
+    with pytest.raises(SystemExit):
+        train(train_cfg("~data", "+data._target_=probes.LabelsFromOne", *QUIET))
+    assert one_line(capsys) == (
+        "error: data: LabelsFromOne's train labels range over 1..10, outside 0..9 for num_classes=10: set "
+        "num_classes to the number of classes, or fix the labels"
+    )
+
+
+def test_tabular_inputs_are_standardised_per_feature(train_cfg) -> None:
+    """The diabetes features are in unrelated units (age in years, blood pressure in mm Hg): each is
+    standardised by its own train statistics; one mean and std for all (`true`) leaves them far apart."""
+    from lightspeed.run import build
+
+    def train_split(normalize: str) -> torch.Tensor:
+        dm = build.datamodule(train_cfg("data=diabetes", f"data.normalize={normalize}"))
+        dm.setup("fit")
+        return dm.splits["train"].tensors[0]
+
+    x = train_split("per_feature")
+    assert torch.allclose(x.mean(0), torch.zeros(10), atol=1e-5) and torch.allclose(x.std(0), torch.ones(10))
+    assert train_split("true").std(0).max() / train_split("true").std(0).min() > 10
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory) -> dict:
+    """One regression run monitored by val/r2 (its mode from the name: max, where the regressor's own
+    monitor, val/mse, is min), then its best checkpoint evaluated and predicted with no option but
+    predict=true."""
+    from lightspeed.run.entry import compose_config
+
+    logs = tmp_path_factory.mktemp("regression")
+    overrides = ["experiment=diabetes_mlp", "trainer.max_epochs=12", "monitor.metric=val/r2", *QUIET]
+    result = train(compose_config("train", overrides, logs))
+    evaluated = evaluate(compose_config("eval", ["predict=true", "trainer.enable_progress_bar=false"], logs))
+    return {"logs": logs, "result": result, "evaluated": evaluated}
+
+
+def test_the_monitor_picks_names_and_tests_the_best_checkpoint_in_its_own_direction(regression) -> None:
+    """val/mae with the classifier's mode (max) picked the worst epoch's checkpoint, silently: here the
+    mode comes from the metric's name, and the best checkpoint is the epoch of the highest val/r2."""
+    result, logs = regression["result"], regression["logs"]
+    rows = [
+        r
+        for r in csv.DictReader(next((logs / "train/runs/test/csv").glob("*/metrics.csv")).open())
+        if r["val/r2"]
+    ]
+    highest = max(rows, key=lambda r: float(r["val/r2"]))
+    best = Path(result.best_checkpoint).name
+    assert best == f"epoch{int(highest['epoch']):03d}-val_r2{float(highest['val/r2']):.4f}.ckpt"
+    assert result.score == pytest.approx(float(highest["val/r2"]))
+    assert result.metrics["val/r2@best"] == pytest.approx(float(highest["val/r2"]))
+    summary = json.loads((logs / "train/runs/test/summary.json").read_text())
+    assert summary["monitor"] == "val/r2 (max)" and summary["tested"] == "best checkpoint"
+
+
+def test_eval_and_predict_follow_the_checkpoint_with_no_extra_option(regression) -> None:
+    """eval built the classifier whatever trained the checkpoint; predict wrote the classifier's columns."""
+    result, evaluated, logs = regression["result"], regression["evaluated"], regression["logs"]
+    assert evaluated["test/r2"] == pytest.approx(result.metrics["test/r2"], abs=1e-6)  # the same model, data
+    rows = list(csv.DictReader((logs / "eval/runs/test/predictions.csv").open()))
+    assert list(rows[0]) == ["index", "target", "pred"]
+    dm = result.trainer.datamodule
+    targets = dm.splits["test"].tensors[1]
+    assert [float(r["target"]) for r in rows] == pytest.approx(targets.tolist(), rel=1e-5)  # its own units
+    pred = torch.tensor([float(r["pred"]) for r in rows])
+    assert (
+        evaluated["test/r2"] > 0.3 and abs(float(pred.mean() - targets.mean())) < 20
+    )  # learnt, in its units
+    r2 = 1 - ((pred - targets) ** 2).sum() / ((targets - targets.mean()) ** 2).sum()
+    assert float(r2) == pytest.approx(evaluated["test/r2"], abs=1e-3)  # predictions undo the standardisation
+
+
+def test_a_checkpoint_that_does_not_fit_the_data_says_what_differs(regression, eval_cfg, capsys) -> None:
+    best = regression["result"].best_checkpoint
+    with pytest.raises(SystemExit) as stop:
+        evaluate(eval_cfg(f"ckpt_path={best}", "data=digits"))
+    assert stop.value.code == 2
+    assert one_line(capsys) == (
+        "error: data: DigitsDataModule gives no num_targets, which the checkpoint's model (Regressor) was "
+        "built from: pass the data it was trained on (data=...)"
+    )
+    with pytest.raises(SystemExit):
+        evaluate(eval_cfg(f"ckpt_path={best}", "~data", "+data._target_=probes.TwelveFeatures"))
+    assert "(input_shape [10] in training, [12] here)" in capsys.readouterr().err
+
+
+def test_the_mode_follows_the_metric_not_the_model_s_default(train_cfg) -> None:
+    """The classifier's own monitor is val/acc (max); another metric takes its mode from its name."""
+    from lightspeed.run import monitor
+
+    for metric, mode in (("val/mae", "min"), ("val/loss", "min"), ("val/f1", "max"), ("val/acc", "max")):
+        cfg = train_cfg("model=mlp", f"monitor.metric={metric}")
+        monitor.settle(cfg)
+        assert (cfg.monitor.mode, cfg.callbacks.early_stopping.mode) == (mode, mode), metric
+    cfg = train_cfg("experiment=sort_gpt")  # a module's own default, where the config sets none
+    monitor.settle(cfg)
+    assert (cfg.monitor.metric, cfg.monitor.mode) == ("val/exact_match", "max")
+
+
+def test_a_mode_the_metric_s_name_contradicts_is_refused_unless_asserted(train_cfg, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        train(train_cfg("experiment=diabetes_mlp", "monitor.metric=val/mae", "monitor.mode=max"))
+    assert stop.value.code == 2
+    assert one_line(capsys) == (
+        "error: monitor.mode=max contradicts monitor.metric=val/mae (lower is better by its name): use "
+        "monitor.mode=min, or monitor.check_mode=false if max is really meant"
+    )
+    cfg = train_cfg(
+        "experiment=diabetes_mlp", "monitor.metric=val/mae", "monitor.mode=max", "monitor.check_mode=false"
+    )
+    result = train(cfg, [])
+    assert result.trainer.checkpoint_callback.mode == "max"  # asserted: taken as meant
+
+
+def test_a_sweep_of_a_regression_shows_its_own_metrics_and_marks_the_best(tmp_path: Path) -> None:
+    from conftest import run_module
+
+    proc = run_module(
+        "lightspeed.train",
+        "-m",
+        "experiment=diabetes_linear",
+        "trainer.max_epochs=3",
+        "model.optimizer.lr=0.001,0.03",
+        *QUIET,
+        f"paths.log_dir={tmp_path}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (table,) = tmp_path.glob("train/sweeps/*.md")
+    header, _, *rows = table.read_text().splitlines()[2:]
+    assert header.startswith("| overrides | run | status | val/mse (min, best ckpt) | val/loss | val/mae |")
+    assert "test/r2" in header and "acc" not in header
+    scores = [float(row.split(" | ")[3].rstrip(" *")) for row in rows]
+    assert [" *" in row.split(" | ")[3] for row in rows] == [s == min(scores) for s in scores]  # lowest mse
+
+
+def test_the_transformer_trains_with_the_presets_and_its_flops_are_counted(train_cfg, run_dir: Path) -> None:
+    """bf16 autocast, the fused optimizer and the speed report's FLOPs, on token inputs. FLOPs against the
+    count of its matmuls by hand: linear layers 2·P·tokens forward, attention scores and weighted values
+    4·T·d per token and layer, backward twice the forward."""
+    b, t, d, layers, vocab = 16, 7, 32, 2, 3
+    net = ["model.net.n_embd=32", "model.net.n_head=2", f"model.net.n_layer={layers}"]
+    data = ["data=sort", "data.length=4", "data.num_digits=3", "data.num_samples=80", f"data.batch_size={b}"]
+    cfg = train_cfg(
+        *data, "model=gpt", *net, "trainer.precision=bf16-mixed", "accel.optimizer_impl=fused", *TINY
+    )
+    result = train(cfg)
+    assert result.model.hparams["vocab_size"] == vocab and result.model.hparams["block_size"] == t
+    assert result.trainer.optimizers[0].defaults["fused"] is True
+    speed = json.loads((run_dir / "speed.json").read_text())
+    linear = layers * (3 * d * d + d * d + 8 * d * d) + d * vocab
+    by_hand = 3 * (2 * linear * b * t + layers * 4 * b * t * t * d)
+    assert speed["flops_per_batch"] == pytest.approx(by_hand, rel=0.01) and speed["precision"] == "bf16-mixed"
+    assert math.isfinite(result.metrics["test/exact_match"])
+
+
+def test_the_transformer_resumes_bit_exactly(train_cfg, tmp_path: Path) -> None:
+    from conftest import assert_resumes_exactly
+
+    data = ["data=sort", "data.length=4", "data.num_digits=3", "data.num_samples=80", "data.batch_size=8"]
+    small = ["model=gpt", "model.net.n_embd=16", "model.net.n_head=2", "model.net.n_layer=1"]
+    assert_resumes_exactly(train_cfg, tmp_path, [*TINY, *data, *small], at=3, steps=10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("experiment", "metric", "reached"),
+    [
+        ("sort_gpt", "test/exact_match", 0.99),
+        ("diabetes_mlp", "test/r2", 0.55),
+        ("diabetes_linear", "test/r2", 0.55),
+    ],
+)
+def test_the_example_experiments_reach_their_stated_figures(train_cfg, experiment, metric, reached) -> None:
+    """conf/experiment/*.yaml state these (data.split_seed=0 for the regressions)."""
+    result = train(train_cfg(f"experiment={experiment}", *QUIET))
+    assert result.metrics[metric] >= reached, result.metrics
+
+
+@pytest.mark.slow
+def test_make_bench_runs_on_the_transformer(tmp_path: Path) -> None:
+    from conftest import run_module
+
+    out = tmp_path / "bench"
+    proc = run_module(
+        "lightspeed.bench",
+        "experiment=sort_gpt",
+        "--steps",
+        "10",
+        "--warmup",
+        "3",
+        "--repeats",
+        "1",
+        "--configs",
+        "hand,default,max",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in (out / "bench.md").read_text().splitlines()}
+    assert {"hand", "default", "max"} <= set(rows)  # max: bf16-mixed, compiled, fused where it can
+    assert "error" not in (out / "bench.md").read_text()
