@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one call of at most ~8 minutes, for a machine with an NVIDIA GPU; results go to
 # $OUT (default ./gpu_out): gpu_check.log (every step's output, in order), doctor.json,
-# bench8/bench.md and bench20/bench.md (+ .png), ops.txt and trace.json.gz (profiled steady-state steps);
+# bench8/bench.md, benchgpt/bench.md (a 6-layer decoder-only transformer, experiment=sort_gpt made
+# GPU-sized) and bench20/bench.md (+ .png), ops.txt and trace.json.gz (profiled steady-state steps);
 # the data paths' samples/s (bench_data) are in the log. LitData (data=shards) is not on the lent machine:
 # its tests skip there and bench_data leaves the streamed rows out.
 #
@@ -40,6 +41,9 @@ XDIST=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 12")
 BENCH=(data=synthetic model=resnet data.num_samples=50000 data.batch_size=512)
 WIDE=(model.net.widths=[64,128,256] model.net.blocks_per_stage=3)
 DIGITS=(trainer=gpu paths.log_dir=/tmp/gpu_logs)
+# The transformer at a size a GPU notices: 6 layers, 384 wide (10.7M parameters), 127 tokens a sequence
+GPT=(experiment=sort_gpt model.net.n_layer=6 model.net.n_head=6 model.net.n_embd=384 data.length=64
+  data.num_digits=10 data.num_samples=50000 data.batch_size=256)
 
 # In order of what the GPU throughput targets need; a step that the budget no longer covers is skipped.
 step versions 30 bash -c "date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
@@ -53,6 +57,8 @@ step bench_resnet8 170 "$PY" -m lightspeed.bench --steps 200 --repeats 2 --out "
   --configs hand+off,off,hand,default,hand+max,max "${BENCH[@]}"
 step train_default 40 "$PY" -m lightspeed.train "${DIGITS[@]}"
 step train_max 70 "$PY" -m lightspeed.train "${DIGITS[@]}" accel=max
+step bench_gpt 100 "$PY" -m lightspeed.bench --steps 100 --repeats 1 --out "$OUT/benchgpt" \
+  --configs hand+off,off,hand,default,hand+max,max "${GPT[@]}"
 step profile_default 45 "$PY" scripts/profile_steps.py --out "$OUT" --skip 40 --steps 5 trainer=gpu "${BENCH[@]}"
 [ -f "$OUT/trace.json" ] && gzip -f "$OUT/trace.json"  # ~10x smaller; Perfetto (ui.perfetto.dev) opens it
 step bench_data 60 "$PY" scripts/bench_data.py --device cuda --repeats 3 --workers 0,1,4

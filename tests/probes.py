@@ -435,8 +435,28 @@ class PlainClassifier(L.LightningModule):
         self.log("val/loss", torch.nn.functional.cross_entropy(logits, y))
         self.log("val/acc", self.val_acc)
 
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test/loss", torch.nn.functional.cross_entropy(self(x), y))
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"], momentum=0.9)
+
+
+class NamedClassifier(PlainClassifier):
+    """Arguments with defaults whose names a DataModule also has (Lightning's `name`, the `batch_size`
+    setting): they keep their defaults."""
+
+    def __init__(
+        self,
+        num_classes: int,
+        input_shape: list[int],
+        lr: float = 0.05,
+        name: str = "plain",
+        batch_size: int = 8,
+    ) -> None:
+        super().__init__(num_classes, input_shape, lr)
+        self.save_hyperparameters()
 
 
 class Conv1DNet(torch.nn.Module):

@@ -125,7 +125,7 @@ def test_make_train_data_tags_model_tagger_then_eval_and_predict(tmp_path):
     quiet = ["callbacks.rich_progress_bar=null", "trainer.enable_progress_bar=false"]
     overrides = ["data=tags", "model=tagger", "trainer.max_epochs=8", *quiet]
     result = train(compose_config("train", overrides, tmp_path))
-    assert result.best_checkpoint and "val_f10." in result.best_checkpoint  # named by its own monitor
+    assert result.best_checkpoint and "-val_f1_0." in result.best_checkpoint  # named by its own monitor
     assert result.metrics["test/f1"] > 0.7 and result.score == result.metrics["val/f1@best"]
     tested = run(compose_config("eval", ["predict=true", "trainer.enable_progress_bar=false"], tmp_path))
     assert tested["test/f1"] == result.metrics["test/f1"]  # the best checkpoint, on the run's own test split

@@ -120,7 +120,7 @@ def test_the_default_runs_identity_is_pinned(train_cfg) -> None:
     # 2026-12-01: b507fa05 (was 6b85900d): checkpoints and early stopping monitor val/acc, not val/loss; an
     # old run's best score (a loss) cannot be compared with an accuracy, so runs start over.
     # 2026-12-01 (later): 6f39af5f: one `monitor` for every consumer (the classifier's own default, val/acc)
-    # and checkpoint files named after it (epoch005-val_acc0.9944.ckpt): the same computation, but the
+    # and checkpoint files named after it (epoch005-val_acc_0.9944.ckpt): the same computation, but the
     # config says it another way and the files have other names, so runs start over.
     assert train_cfg().run_name == "digits-cnn-6f39af5f"
 

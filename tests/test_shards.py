@@ -38,7 +38,8 @@ def test_make_shards_writes_every_split_and_a_run_streams_them(tmp_path: Path, t
     cfg = compose_config("shards", ["data=digits", f"shards.out={tmp_path / 'digits'}"], tmp_path / "logs")
     out = convert(cfg)
     meta = json.loads((out / META).read_text())
-    assert meta["samples"] == {"train": 1258, "val": 180, "test": 359} and meta["input_shape"] == [1, 8, 8]
+    assert meta["samples"] == {"train": 1258, "val": 180, "test": 359}
+    assert meta["declares"] == {"input_shape": [1, 8, 8], "num_classes": 10} and meta["target_stats"] is None
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
     result = train(
@@ -58,6 +59,29 @@ def test_make_shards_writes_every_split_and_a_run_streams_them(tmp_path: Path, t
     digits.setup()
     best = torch.load(result.best_checkpoint, weights_only=True)
     assert torch.equal(best["train_samples"], digits.sample_ids["train"])
+
+
+def test_a_regression_data_set_streams_from_shards_to_the_regressor(tmp_path: Path, train_cfg) -> None:
+    """Shards keep what the data set declares (num_targets, not num_classes) and its target statistics."""
+    cfg = compose_config("shards", ["data=diabetes", f"shards.out={tmp_path / 'd'}"], tmp_path / "logs")
+    out = convert(cfg)
+    meta = json.loads((out / META).read_text())
+    assert meta["declares"] == {"input_shape": [10], "num_targets": 1}
+    run = [*TINY, "data=shards", f"data.path={out}", "data.batch_size=16", "model=regressor"]
+    result = train(train_cfg(*run, "trainer.max_epochs=3"))
+    assert result.model.hparams["target_mean"] == pytest.approx(meta["target_stats"][0])
+    assert result.model.hparams["target_mean"][0] == pytest.approx(152, abs=10)  # the targets' own units
+    assert 0 < result.metrics["test/mae"] < 100
+
+
+def test_shards_written_before_they_kept_what_the_data_declares_still_load(tmp_path: Path) -> None:
+    out = write_shards(synthetic(200), tmp_path / "old")
+    meta = json.loads((out / META).read_text())
+    old = {k: v for k, v in meta.items() if k not in ("declares", "target_stats")}
+    old |= {"input_shape": [3, 8, 8], "num_classes": 10, "class_names": None}  # meta.json's keys before
+    (out / META).write_text(json.dumps(old))
+    dm = ShardsDataModule(path=str(out))
+    assert (dm.input_shape, dm.num_classes) == ((3, 8, 8), 10)
 
 
 def test_image_folder_shards_keep_uint8_pixels_the_scaling_and_the_class_names(

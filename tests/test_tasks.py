@@ -44,10 +44,10 @@ def test_class_labels_are_checked_against_num_classes_before_training(train_cfg,
     with pytest.raises(SystemExit) as stop:
         train(train_cfg(*floats, *QUIET))
     assert stop.value.code == 2
-    assert one_line(capsys).startswith(
+    assert one_line(capsys) == (
         "error: data: DiabetesAsClasses declares num_classes=10, but its train labels are torch.float32: "
-        "give "
-        "int64 class labels 0..9; for regression targets declare num_targets instead of num_classes"
+        "give int64 class labels 0..9; for other targets (continuous, multi-hot) declare what your model is "
+        "built from instead, e.g. num_targets for model=regressor"
     )
     with pytest.raises(SystemExit):
         train(train_cfg("~data", "+data._target_=probes.LabelsFromOne", *QUIET))
@@ -55,6 +55,14 @@ def test_class_labels_are_checked_against_num_classes_before_training(train_cfg,
         "error: data: LabelsFromOne's train labels range over 1..10, outside 0..9 for num_classes=10: set "
         "num_classes to the number of classes, or fix the labels"
     )
+    from lightspeed.data import DigitsDataModule
+
+    class PartlyLabelled(DigitsDataModule):  # -100: cross_entropy's ignore_index, no class
+        def load_arrays(self) -> tuple[torch.Tensor, torch.Tensor]:
+            x, y = super().load_arrays()
+            return x, y.index_fill(0, torch.arange(0, len(y), 7), -100)
+
+    PartlyLabelled().setup("fit")  # accepted
 
 
 def test_tabular_inputs_are_standardised_per_feature(train_cfg) -> None:
@@ -70,6 +78,28 @@ def test_tabular_inputs_are_standardised_per_feature(train_cfg) -> None:
     x = train_split("per_feature")
     assert torch.allclose(x.mean(0), torch.zeros(10), atol=1e-5) and torch.allclose(x.std(0), torch.ones(10))
     assert train_split("true").std(0).max() / train_split("true").std(0).min() > 10
+
+
+def test_val_and_test_are_standardised_by_the_train_split_and_a_constant_feature_stays_finite() -> None:
+    """The train split's statistics for every split (no peek at the test set), and a feature that does not
+    vary in train (a rare one-hot column) divided by 1, not by ~0."""
+    from lightspeed.data.base import ArrayDataModule, sample_ids
+
+    g = torch.Generator().manual_seed(0)
+    train_x = torch.cat([torch.zeros(100, 1), 5 + 3 * torch.randn(100, 1, generator=g)], dim=1)
+    test_x = torch.cat([torch.ones(20, 1), 5 + 3 * torch.randn(20, 1, generator=g)], dim=1)
+
+    class Columns(ArrayDataModule):
+        def load_arrays(self) -> dict:
+            return {"train": (train_x, torch.zeros(100)), "test": (test_x, torch.zeros(20))}
+
+    dm = Columns(normalize="per_feature", val_fraction=0.2, batch_size=8)
+    dm.setup("fit")
+    raw = train_x[torch.isin(sample_ids(train_x), dm.sample_ids["train"])]  # the rows the train split kept
+    mean, std = raw.mean(0), raw.std(0)
+    assert std[0] == 0 and len(raw) == 80
+    expected = (test_x - mean) / torch.tensor([1.0, float(std[1])])
+    assert torch.allclose(dm.splits["test"].tensors[0], expected, atol=1e-5)  # 1 - 0 stays 1, not ~1e8
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +127,7 @@ def test_the_monitor_picks_names_and_tests_the_best_checkpoint_in_its_own_direct
     ]
     highest = max(rows, key=lambda r: float(r["val/r2"]))
     best = Path(result.best_checkpoint).name
-    assert best == f"epoch{int(highest['epoch']):03d}-val_r2{float(highest['val/r2']):.4f}.ckpt"
+    assert best == f"epoch{int(highest['epoch']):03d}-val_r2_{float(highest['val/r2']):.4f}.ckpt"
     assert result.score == pytest.approx(float(highest["val/r2"]))
     assert result.metrics["val/r2@best"] == pytest.approx(float(highest["val/r2"]))
     summary = json.loads((logs / "train/runs/test/summary.json").read_text())
@@ -105,7 +135,8 @@ def test_the_monitor_picks_names_and_tests_the_best_checkpoint_in_its_own_direct
 
 
 def test_eval_and_predict_follow_the_checkpoint_with_no_extra_option(regression) -> None:
-    """eval built the classifier whatever trained the checkpoint; predict wrote the classifier's columns."""
+    """eval built the classifier whatever trained the checkpoint, and predict wrote the classifier's
+    columns: here the regressor, its target and prediction in the targets' own units."""
     result, evaluated, logs = regression["result"], regression["evaluated"], regression["logs"]
     assert evaluated["test/r2"] == pytest.approx(result.metrics["test/r2"], abs=1e-6)  # the same model, data
     rows = list(csv.DictReader((logs / "eval/runs/test/predictions.csv").open()))
@@ -148,6 +179,32 @@ def test_the_mode_follows_the_metric_not_the_model_s_default(train_cfg) -> None:
     assert (cfg.monitor.metric, cfg.monitor.mode) == ("val/exact_match", "max")
 
 
+def test_a_checkpoint_cannot_name_code_to_run_as_its_model_or_its_net(
+    regression, eval_cfg, tmp_path, capsys
+) -> None:
+    """The module class and the net come from the checkpoint (data): only what the allow-list admits, and
+    for a net only an nn.Module class."""
+    stored = torch.load(regression["result"].best_checkpoint, weights_only=True)
+    for where, target, said in (
+        ("model", "shutil.rmtree", "crafted.ckpt: model._target_=shutil.rmtree is not allowed"),
+        (
+            "net",
+            "lightspeed.bench.main",
+            "model.net._target_=lightspeed.bench.main is not an nn.Module class",
+        ),
+    ):
+        crafted = {**stored, "identity": json.loads(json.dumps(stored["identity"]))}
+        crafted["hyper_parameters"] = json.loads(json.dumps(stored["hyper_parameters"]))
+        if where == "model":
+            crafted["identity"]["config"]["model"]["_target_"] = target
+        else:
+            crafted["hyper_parameters"]["net"] = {"_target_": target}
+        torch.save(crafted, tmp_path / "crafted.ckpt")
+        with pytest.raises(SystemExit) as stop:
+            evaluate(eval_cfg(f"ckpt_path={tmp_path / 'crafted.ckpt'}"))
+        assert stop.value.code == 2 and said in one_line(capsys)
+
+
 def test_a_mode_the_metric_s_name_contradicts_is_refused_unless_asserted(train_cfg, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         train(train_cfg("experiment=diabetes_mlp", "monitor.metric=val/mae", "monitor.mode=max"))
@@ -177,12 +234,33 @@ def test_a_sweep_of_a_regression_shows_its_own_metrics_and_marks_the_best(tmp_pa
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    for summary in tmp_path.glob("train/runs/*/summary.json"):  # each run names itself as its folder is named
+        assert json.loads(summary.read_text())["config"]["run_name"] == summary.parent.name
     (table,) = tmp_path.glob("train/sweeps/*.md")
     header, _, *rows = table.read_text().splitlines()[2:]
     assert header.startswith("| overrides | run | status | val/mse (min, best ckpt) | val/loss | val/mae |")
     assert "test/r2" in header and "acc" not in header
     scores = [float(row.split(" | ")[3].rstrip(" *")) for row in rows]
     assert [" *" in row.split(" | ")[3] for row in rows] == [s == min(scores) for s in scores]  # lowest mse
+
+
+def test_the_sort_data_set_holds_distinct_sequences_and_their_sorted_answers() -> None:
+    """Listed (4^5 sequences) or drawn (4^40): no sequence twice, so no test sequence is a training one."""
+    from lightspeed.core.config import ConfigError
+    from lightspeed.data.sort import IGNORE, SortDataModule
+
+    for length in (5, 40):
+        dm = SortDataModule(num_samples=600, length=length, num_digits=4, split_seed=1)
+        dm.setup("fit")
+        x, y = (torch.cat([dm.splits[s].tensors[i] for s in ("train", "val", "test")]) for i in (0, 1))
+        prompts = x[:, :length]
+        assert len(prompts.unique(dim=0)) == 600 and x.shape[1] == dm.block_size == 2 * length - 1
+        assert torch.equal(y[:, length - 1 :], prompts.sort(dim=1).values)  # the answer: the prompt, sorted
+        assert (y[:, : length - 1] == IGNORE).all()  # the prompt's next digits are not scored
+    with pytest.raises(
+        ConfigError, match=r"^data\.num_samples=2000 is more than the 1024 distinct sequences"
+    ):
+        SortDataModule(num_samples=2000, length=5, num_digits=4).setup("fit")
 
 
 def test_the_transformer_trains_with_the_presets_and_its_flops_are_counted(train_cfg, run_dir: Path) -> None:

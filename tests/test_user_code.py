@@ -44,6 +44,34 @@ def test_a_datamodule_without_num_classes_is_one_line(train_cfg, capsys) -> None
     ]
 
 
+def test_only_what_a_module_is_built_from_comes_from_the_data_and_eval_rebuilds_it(
+    train_cfg, eval_cfg, run_dir: Path
+) -> None:
+    """Not Lightning's own DataModule attributes (`name`), nor the DataModule's settings (`batch_size`) for
+    an argument that has a default; `make eval` then rebuilds the module from its checkpoint alone (its
+    class, and `lr` left at its default, not in its yaml)."""
+    from lightspeed.eval import run as evaluate
+
+    model = ["~model", "+model._target_=probes.NamedClassifier"]
+    result = train(train_cfg(*TINY, *model, "trainer.max_epochs=1"))
+    hparams = dict(result.model.hparams)
+    assert hparams == {
+        "num_classes": 10,
+        "input_shape": [1, 8, 8],
+        "lr": 0.05,
+        "name": "plain",
+        "batch_size": 8,
+    }
+    assert torch.load(result.best_checkpoint, weights_only=True)["from_data"] == [
+        "input_shape",
+        "num_classes",
+    ]
+    tested = evaluate(
+        eval_cfg("trainer.enable_progress_bar=false", "++trainer.limit_test_batches=2")
+    )  # latest: its best
+    assert tested["test/loss"] == pytest.approx(result.metrics["test/loss"])
+
+
 @pytest.mark.slow
 def test_a_plain_datamodule_under_ddp_cpu_gives_each_rank_its_own_shard(tmp_path: Path) -> None:
     proc = run_ddp_cpu(tmp_path, *PLAIN)

@@ -28,7 +28,7 @@ from lightspeed.core.config import (
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.resilience import checkpoint, identity
-from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, TRAIN_SAMPLES_KEY
+from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, FROM_DATA_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build
 from lightspeed.run.build import plain
 from lightspeed.run.entry import hydra_entry
@@ -84,7 +84,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         hooks.speed_up_module(model)
         given = use_run_data(cfg, stored, ckpt)
         dm = build.datamodule(cfg)
-        _check_fits(model, _run_model_config(stored), dm)
+        _check_fits(model, stored.get(FROM_DATA_KEY), dm)
         class_names = _check_classes(stored.get(CLASS_NAMES_KEY), dm)
         seen = seen_in_training(dm, stored.get(TRAIN_SAMPLES_KEY), given)
         accel.apply_to_model(cfg, model)
@@ -196,7 +196,7 @@ def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L
     """The LightningModule class that trained the checkpoint: `module` when given, else the one its run's
     config names (`model._target_`), through the same allow-list as any config."""
     name = cfg.get("module") or _run_model_config(stored).get("_target_")
-    where = "module" if cfg.get("module") else f"the model of {ckpt.name} (model._target_)"
+    where = "module" if cfg.get("module") else f"{ckpt.name}: model"
     if not name:
         raise ConfigError(
             f"ckpt_path={ckpt} names no LightningModule class (saved outside Lightspeed): pass "
@@ -212,23 +212,25 @@ def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L
     return found
 
 
-def _check_fits(model: L.LightningModule, run_model: dict[str, Any], dm: L.LightningDataModule) -> None:
-    """The data gives what the checkpoint's model was built from (what its run took from its data: the
-    constructor's arguments that the model config left unset), with the same value where it is a
-    structure: a shape, a count, a vocabulary size, names. A statistic (a float, such as a regressor's
-    target mean) may differ: the model keeps its own."""
-    from_data = [k for k in model.hparams if k not in run_model] if run_model else []
-    missing = [k for k in from_data if not hasattr(dm, k)]
-    differs = [
-        (k, model.hparams[k], plain(getattr(dm, k)))
-        for k in from_data
-        if k not in missing and _structural(model.hparams[k]) and plain(getattr(dm, k)) != model.hparams[k]
-    ]
+def _check_fits(model: L.LightningModule, from_data: list[str] | None, dm: L.LightningDataModule) -> None:
+    """The data gives what the checkpoint's model was built from (the arguments its run took from its
+    data, as the checkpoint names them; a checkpoint from before they were named: `num_classes` and
+    `input_shape`, what Lightspeed took then), with the same value where it is a structure: a shape, a
+    count, a vocabulary size, names. A statistic (a float, such as a regressor's target mean) may differ:
+    the model keeps its own."""
+    names = from_data if from_data is not None else ["num_classes", "input_shape"]
+    names = [k for k in names if k in model.hparams]
+    missing = [k for k in names if not hasattr(dm, k)]
     if missing:
         raise ConfigError(
             f"data: {type(dm).__name__} gives no {', '.join(missing)}, which the checkpoint's model "
             f"({type(model).__name__}) was built from: pass the data it was trained on (data=...)"
         )
+    differs = [
+        (k, model.hparams[k], plain(getattr(dm, k)))
+        for k in names
+        if _structural(model.hparams[k]) and plain(getattr(dm, k)) != model.hparams[k]
+    ]
     if differs:
         said = "; ".join(f"{k} {trained} in training, {here} here" for k, trained, here in differs)
         raise ConfigError(

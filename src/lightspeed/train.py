@@ -17,7 +17,7 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_info
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from lightspeed.compat.trainer import kill_launched_ranks, launched_ranks
 from lightspeed.core import summary
@@ -98,6 +98,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         with exit_on_config_error():
             validate_train(cfg)
             ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves its autos
+            with open_dict(cfg):
+                cfg.run_name = str(cfg.run_name)  # its hash, as the folder has it, before the config changes
             monitor.settle(cfg)  # ... and before the model's monitor fills the config's
             refuse_multirun_with_ddp(cfg)
             held.enter_context(lock.held(Path(cfg.paths.output_dir)))  # until the run ends, however
@@ -105,9 +107,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             accel.apply_to_torch(cfg)
             L.seed_everything(cfg.seed, workers=True, verbose=False)
             dm = build.datamodule(cfg)
-            model = build.model(cfg, dm)
+            given = build.from_data(cfg, dm)
+            model = build.model(cfg, dm, given)
             accel.apply_to_model(cfg, model)
-            trainer = build.trainer(cfg, extra_callbacks, ident)
+            trainer = build.trainer(cfg, extra_callbacks, ident, from_data=sorted(given))
             accel.report_idle(idle, accel.device_type(cfg))
             ckpt_path, start_info = resume.start(cfg, ident)
         config = build.plain_config(cfg)

@@ -30,7 +30,7 @@ class _StateKeyOnce:
 
 class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
     """Without a `filename`, each file is named by its epoch and the monitored metric's value
-    (`epoch005-val_acc0.9944.ckpt`).
+    (`epoch005-val_acc_0.9944.ckpt`).
 
     `on_train_batch_end` returns at once when neither `every_n_train_steps` nor
     `train_time_interval` is set, where Lightning's returns after checking the trainer's state.
@@ -50,9 +50,9 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
     def __init__(
         self, *args: Any, filename: str | None = None, monitor: str | None = None, **kwargs: Any
     ) -> None:
-        if filename is None and monitor:  # epoch005-val_acc0.9944.ckpt: the name says what picked it
+        if filename is None and monitor:  # epoch005-val_acc_0.9944.ckpt: the name says what picked it
             slug = re.sub(r"[^\w.-]", "_", monitor)
-            filename = f"epoch{{epoch:03d}}-{slug}{{{monitor}:.4f}}"
+            filename = f"epoch{{epoch:03d}}-{slug}_{{{monitor}:.4f}}"
             kwargs["auto_insert_metric_name"] = False  # Lightning would insert `val/acc=`: a sub-folder
         super().__init__(*args, filename=filename, monitor=monitor, **kwargs)
         #: The validation metrics (`val/...`) of the best checkpoint, as it was saved: a summary can show

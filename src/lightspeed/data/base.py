@@ -48,6 +48,16 @@ def sample_ids(x: Tensor) -> Tensor:
     )
 
 
+#: A label that is no class (a sample, or a position, not scored): torch's cross_entropy skips it by default.
+IGNORE_INDEX = -100
+
+
+def _spread(std: Tensor) -> Tensor:
+    """A standard deviation to divide by: 1 where a feature does not vary in the train split (as
+    scikit-learn's StandardScaler does), which would otherwise scale its values elsewhere by ~1e8."""
+    return torch.where(std < 1e-6, torch.ones_like(std), std)
+
+
 def mean_std(x: Tensor) -> tuple[float, float]:
     """Mean and standard deviation of all of `x`'s values, in float64 chunks: no float copy of a large
     uint8 data set."""
@@ -200,7 +210,7 @@ class ArrayDataModule(L.LightningDataModule):
         elif train_x.is_floating_point() and self.normalize:
             # per_feature: each input feature by its own statistics (tabular columns in unrelated units)
             dims = 0 if self.normalize == "per_feature" else None
-            mean, std = train_x.mean(dim=dims), train_x.std(dim=dims).clamp_min(1e-8)
+            mean, std = train_x.mean(dim=dims), _spread(train_x.std(dim=dims))
             parts = {name: ((x - mean) / std, y) for name, (x, y) in parts.items()}
         self.splits = {name: TensorDataset(x.contiguous(), y) for name, (x, y) in parts.items()}
 
@@ -225,10 +235,13 @@ class ArrayDataModule(L.LightningDataModule):
             if y.is_floating_point() or y.dtype == torch.bool:
                 raise ConfigError(
                     f"data: {name} declares num_classes={classes}, but its {split} labels are {y.dtype}: "
-                    f"give int64 class labels 0..{classes - 1}; for regression targets declare num_targets "
-                    "instead of num_classes, and train a regressor (model=regressor)"
+                    f"give int64 class labels 0..{classes - 1}; for other targets (continuous, multi-hot) "
+                    "declare what your model is built from instead, e.g. num_targets for model=regressor"
                 )
-            low, high = int(y.min()), int(y.max())
+            scored = y[y != IGNORE_INDEX]  # cross_entropy's default ignore_index: not a class
+            if len(scored) == 0:
+                continue
+            low, high = int(scored.min()), int(scored.max())
             if low < 0 or high >= classes:
                 raise ConfigError(
                     f"data: {name}'s {split} labels range over {low}..{high}, outside 0..{classes - 1} for "
@@ -247,10 +260,11 @@ class ArrayDataModule(L.LightningDataModule):
         return self._target_stats()[1]
 
     def _target_stats(self) -> tuple[list[float], list[float]]:
+        self.prepare_data()  # asked before training (the model is built from them): the files first
         self._load()
         y = self.splits["train"].tensors[1].double()
         y = y.reshape(len(y), -1)
-        return y.mean(dim=0).tolist(), y.std(dim=0).clamp_min(1e-8).tolist()
+        return y.mean(dim=0).tolist(), _spread(y.std(dim=0)).tolist()
 
     def _check_batch_size(self, stage: str | None) -> None:
         per_rank = len(self.splits["train"]) // self._ranks()[1]

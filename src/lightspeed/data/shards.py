@@ -14,6 +14,7 @@ the device by the statistics kept in `meta.json`), float inputs already standard
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import shutil
@@ -77,10 +78,12 @@ def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB"
             writer.merge()
             torch.save(dm.sample_ids[split].clone(), tmp / split / IDS)
             counts[split] = index
+        targets = dm.splits["train"].tensors[1] if isinstance(dm.splits["train"], TensorDataset) else None
         meta = {
-            "input_shape": list(dm.input_shape),
-            "num_classes": dm.num_classes,
-            "class_names": getattr(dm, "class_names", None),
+            "declares": declared(dm),  # what a model is built from: input_shape, num_classes, vocab_size...
+            "target_stats": list(dm._target_stats())
+            if targets is not None and targets.is_floating_point()
+            else None,
             "input_scale": list(dm.input_scale) if dm.input_scale is not None else None,
             "samples": counts,
             "source": type(dm).__name__,
@@ -94,6 +97,35 @@ def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB"
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+class _Bare(ArrayDataModule):
+    def load_arrays(self) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+def declared(dm: ArrayDataModule) -> dict[str, Any]:
+    """The plain values a DataModule holds beyond ArrayDataModule's own settings and state: what it declares
+    for its model (input_shape, num_classes or num_targets, vocab_size, class_names, ...) and its own
+    arguments. Kept in meta.json, so that the shards build the models the data set itself builds."""
+    own = set(vars(_Bare()))
+    mro = type(dm).__mro__
+    names = {n for cls in mro[: mro.index(ArrayDataModule)] for n in vars(cls)} | set(vars(dm))
+    found = {}
+    for name in sorted(names - own):
+        static = inspect.getattr_static(dm, name)
+        if (
+            name.startswith("_")
+            or callable(static)
+            or isinstance(static, (property, classmethod, staticmethod))
+        ):
+            continue
+        value = list(static) if isinstance(static, tuple) else static
+        try:
+            found[name] = json.loads(json.dumps(value))  # plain data only (a Path, a listing: left out)
+        except (TypeError, ValueError):
+            continue
+    return found
 
 
 def pair(samples: list[dict[str, Any]]) -> list[Tensor]:
@@ -142,10 +174,14 @@ class ShardsDataModule(ArrayDataModule):
                 f"`make shards data=<name> shards.out={self.path}`"
             )
         meta = json.loads((self.path / META).read_text())
-        self.input_shape = tuple(meta["input_shape"])
-        self.num_classes = int(meta["num_classes"])
-        if meta.get("class_names") is not None:
-            self.class_names = list(meta["class_names"])
+        # what the source data set declared (shards written before 2026-12-01: its shape and classes)
+        declares = meta.get("declares") or {
+            k: meta[k] for k in ("input_shape", "num_classes", "class_names") if meta.get(k) is not None
+        }
+        for name, value in declares.items():
+            if not hasattr(self, name):  # never one of this class's own
+                setattr(self, name, tuple(value) if name == "input_shape" else value)
+        self._stats = meta.get("target_stats")
         self.input_scale = tuple(meta["input_scale"]) if meta.get("input_scale") is not None else None
         self.samples: dict[str, int] = meta["samples"]
         if isinstance(self.num_workers, int) and self.num_workers > 1:  # resolved (not `auto`)
@@ -154,6 +190,15 @@ class ShardsDataModule(ArrayDataModule):
                 "first wait ~0.1 s a batch for chunks on a local disk (docs/data.md); data.num_workers=1 "
                 "may be faster"
             )
+
+    def _target_stats(self) -> tuple[list[float], list[float]]:
+        """The source's train split statistics, as written beside the shards (float targets only)."""
+        if self._stats is None:
+            raise ConfigError(
+                f"data.path={self.path}: these shards hold class labels, not regression targets: train a "
+                "model that takes their classes"
+            )
+        return self._stats[0], self._stats[1]
 
     def setup(self, stage: str | None = None) -> None:
         _litdata()

@@ -7,10 +7,10 @@ import torch
 from torch import Tensor
 
 from lightspeed.core.config import ConfigError
-from lightspeed.data.base import ArrayDataModule
+from lightspeed.data.base import IGNORE_INDEX, ArrayDataModule
 
 #: Targets that are not scored (the prompt's positions): torch's cross_entropy skips them by default.
-IGNORE = -100
+IGNORE = IGNORE_INDEX
 
 
 class SortDataModule(ArrayDataModule):
@@ -33,20 +33,23 @@ class SortDataModule(ArrayDataModule):
 
     def load_arrays(self) -> tuple[Tensor, Tensor]:
         g = torch.Generator().manual_seed(self.data_seed)
-        space = self.num_digits**self.length  # each sequence, as a number in base num_digits
-        if space <= 2**24:  # all of them, shuffled
+        space = self.num_digits**self.length
+        if space <= 2**24:  # all of them, shuffled: each a number in base num_digits
             codes = torch.randperm(space, generator=g)
-        else:  # too many to list: distinct ones among twice as many random draws
-            codes = torch.randint(space, (2 * self.num_samples,), generator=g).unique()
-            codes = codes[torch.randperm(len(codes), generator=g)]
-        if len(codes) < self.num_samples:
+            digits = (
+                codes[:, None] // self.num_digits ** torch.arange(self.length) % self.num_digits
+            )  # (N, L)
+        else:  # too many to list: the distinct ones among twice as many random draws
+            drawn = torch.randint(self.num_digits, (2 * self.num_samples, self.length), generator=g)
+            digits = drawn.unique(dim=0)
+            digits = digits[torch.randperm(len(digits), generator=g)]
+        if len(digits) < self.num_samples:
             raise ConfigError(
-                f"data.num_samples={self.num_samples} is more than the {len(codes)} distinct sequences of "
+                f"data.num_samples={self.num_samples} is more than the {len(digits)} distinct sequences of "
                 f"data.length={self.length} digits 0..{self.num_digits - 1}: lower it, or raise data.length "
                 "or data.num_digits"
             )
-        codes = codes[: self.num_samples]
-        digits = codes[:, None] // self.num_digits ** torch.arange(self.length) % self.num_digits  # (N, L)
+        digits = digits[: self.num_samples]
         sequence = torch.cat([digits, digits.sort(dim=1).values], dim=1)  # (N, 2L)
         x, y = sequence[:, :-1].clone(), sequence[:, 1:].clone()
         y[:, : self.length - 1] = IGNORE  # the next digit of the prompt is random: not scored

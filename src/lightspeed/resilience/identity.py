@@ -30,6 +30,9 @@ RECORD_FILE = "run.json"
 TRAIN_SAMPLES_KEY = "train_samples"
 #: What each label means, where the DataModule names its classes (`class_names`: an image folder's).
 CLASS_NAMES_KEY = "class_names"
+#: Where a checkpoint keeps the names of its model's arguments that its run took from the data (what
+#: `make eval` checks the data it evaluates on against).
+FROM_DATA_KEY = "from_data"
 #: Where a checkpoint keeps its run's data config as written (`${...}` unresolved, loader settings and
 #: data folder included): what `make eval` evaluates on, resolved on its own machine.
 DATA_CONFIG_KEY = "data_config"
@@ -190,12 +193,16 @@ def code_commit() -> dict[str, Any]:
 class RunIdentity(L.Callback):
     """Stores the run's identity in every checkpoint (`checkpoint["identity"]`), so that auto-resume takes
     only the checkpoints this run wrote, and a checkpoint names the settings (its data config included) and
-    the samples (`TRAIN_SAMPLES_KEY`, where the DataModule has `sample_ids`) and the class names
-    (`CLASS_NAMES_KEY`, where it has `class_names`) it was trained with."""
+    the samples (`TRAIN_SAMPLES_KEY`, where the DataModule has `sample_ids`), the class names
+    (`CLASS_NAMES_KEY`, where it has `class_names`) and the model's arguments from the data
+    (`FROM_DATA_KEY`) it was trained with."""
 
-    def __init__(self, ident: dict[str, Any], data: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, ident: dict[str, Any], data: dict[str, Any] | None = None, from_data: list[str] | None = None
+    ) -> None:
         self.ident = ident
         self.data = data
+        self.from_data = from_data
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -203,6 +210,8 @@ class RunIdentity(L.Callback):
         checkpoint["identity"] = {"digest": digest(self.ident), "config": self.ident}
         if self.data is not None:
             checkpoint[DATA_CONFIG_KEY] = self.data
+        if self.from_data is not None:
+            checkpoint[FROM_DATA_KEY] = list(self.from_data)
         ids = getattr(trainer.datamodule, "sample_ids", None)
         if isinstance(ids, dict) and ids.get("train") is not None:
             checkpoint[TRAIN_SAMPLES_KEY] = ids["train"]

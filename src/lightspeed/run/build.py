@@ -31,7 +31,8 @@ from lightspeed.resilience.identity import RunIdentity
 from lightspeed.resilience.nonfinite import NonFiniteGuard
 from lightspeed.resilience.preemption import Preemption
 from lightspeed.resilience.rank_seed import RankSeed
-from lightspeed.run.monitor import MonitorCheck, uses
+from lightspeed.run import monitor
+from lightspeed.run.monitor import MonitorCheck, uses, watching
 from lightspeed.speed.accel import LOADER_KNOBS
 
 #: What a TypeError says when a config's keys do not fit a constructor's arguments.
@@ -82,9 +83,11 @@ def datamodule(cfg: DictConfig) -> L.LightningDataModule:
     return instantiate(node, "data", _convert_="all")
 
 
-def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
+def model(
+    cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any] | None = None
+) -> L.LightningModule:
     """The configured LightningModule, given what only the data knows (`from_data`)."""
-    given = from_data(cfg, dm)
+    given = from_data(cfg, dm) if given is None else given
     check_inputs_fit(cfg, given)
     # Not recursive: a `_target_` inside (model.net) reaches the module as plain data, which it builds
     # itself and keeps in its hyperparameters (weights_only checkpoints)
@@ -96,10 +99,19 @@ def model(cfg: DictConfig, dm: L.LightningDataModule) -> L.LightningModule:
 def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
     """What the model is built from that only the data knows, passed at run time (never via globals):
     each argument of the model's constructor that its config leaves unset and the DataModule has as an
-    attribute of that name (`num_classes`, `input_shape`, `vocab_size`, a regressor's target statistics).
-    A required one that neither gives is one line, naming the models of conf/model/ that fit the data."""
+    attribute of that name (`num_classes`, `input_shape`, `vocab_size`, a regressor's target statistics),
+    but for Lightning's own attributes (`name`, `trainer`), and, for an argument that has a default, the
+    DataModule's own settings (its constructor's arguments: `batch_size`, `normalize`). A required one
+    that the data does not give is one line, naming the models of conf/model/ that fit the data."""
     target = _import(cfg.model, "model")
-    wanted = {n: p for n, p in _parameters(target).items() if n not in cfg.model}
+    settings = set(_parameters(type(dm)))
+    wanted = {
+        n: p
+        for n, p in _parameters(target).items()
+        if n not in cfg.model
+        and not hasattr(L.LightningDataModule, n)
+        and not (p.default is not p.empty and n in settings)
+    }
     missing = [n for n, p in wanted.items() if not _has(dm, n) and p.default is p.empty]
     if missing:
         choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
@@ -113,7 +125,15 @@ def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
             f"your DataModule {'these attributes' if len(missing) > 1 else 'that attribute'}"
         )
     # only now: an attribute may be a property that loads the data (a regressor's target statistics)
-    return {n: plain(getattr(dm, n)) for n in wanted if _has(dm, n)}
+    given = {n: plain(getattr(dm, n)) for n in wanted if _has(dm, n)}
+    if given:
+        rank_zero_info(f"model: from the data, {', '.join(f'{k}={_short(v)}' for k, v in given.items())}")
+    return given
+
+
+def _short(value: Any, most: int = 40) -> str:
+    text = str(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _named(choices: dict[str, Any], group: str, cls: Any) -> str:
@@ -230,7 +250,9 @@ def loggers(cfg: DictConfig) -> list[Logger]:
     return _group(cfg.get("logger"), "logger")
 
 
-def callbacks(cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = None) -> list[Callback]:
+def callbacks(
+    cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = None, from_data: Sequence[str] = ()
+) -> list[Callback]:
     """The configured callbacks, plus what every training run needs whatever `callbacks=` says: its
     checkpoints where `resume=auto` looks (unless `trainer.enable_checkpointing=false`), preemption, the
     non-finite guard, per-rank seeds, exact resume and the run's identity in each checkpoint (`ident`, taken
@@ -254,16 +276,24 @@ def callbacks(cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = 
         rank_zero_info("trainer.limit_val_batches=0: no validation, so EarlyStopping is left out")
         found = [cb for cb in found if not isinstance(cb, EarlyStopping)]
     data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
-    extra = [RankSeed(cfg.seed), ExactResume(), RunIdentity(ident or identity.of(cfg), data)]
-    check = MonitorCheck(cfg.monitor.metric, cfg.monitor.mode, uses(cfg)) if "monitor" in cfg else None
-    return [*([check] if check else []), *found, *extra]  # first: it runs before the callbacks it checks
+    extra = [RankSeed(cfg.seed), ExactResume(), RunIdentity(ident or identity.of(cfg), data, list(from_data))]
+    check = MonitorCheck(cfg.monitor.metric, cfg.monitor.mode, uses(cfg), bool(watching(cfg)))
+    return [check, *found, *extra]  # first: it runs before the callbacks it checks
 
 
 def trainer(
-    cfg: DictConfig, extra_callbacks: Sequence[Callback] = (), ident: dict[str, Any] | None = None
+    cfg: DictConfig,
+    extra_callbacks: Sequence[Callback] = (),
+    ident: dict[str, Any] | None = None,
+    from_data: Sequence[str] = (),
 ) -> L.Trainer:
+    """The Trainer with its loggers, callbacks and plugins; `ident`: the run's identity (as composed, before
+    the monitor settles); `from_data`: the model's arguments taken from the data (kept in checkpoints)."""
+    if "seed" in cfg:  # train: the model's own monitor into the config, if train() has not yet
+        ident = ident or identity.of(cfg)
+        monitor.settle(cfg)
     loggers_ = loggers(cfg)
-    configured = callbacks(cfg, bool(loggers_), ident)
+    configured = callbacks(cfg, bool(loggers_), ident, from_data)
     for callback in configured:  # ours to change; the caller's extra callbacks are left as given
         hooks.skip_empty(callback, Callback)
     callbacks_ = [*configured, *extra_callbacks]

@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning as L
 from hydra.utils import get_object
+from lightning.pytorch.utilities import rank_zero_warn
 from omegaconf import DictConfig, open_dict
 
 from lightspeed.core.config import ConfigError, check_node
@@ -29,10 +30,17 @@ HIGHER_IS_BETTER = (
 )
 
 
+#: Words that turn a name's sense around or make it a change (val/neg_mse, val/loss_improvement): the
+#: name then says nothing sure.
+REVERSING = "neg negative inverse inv improvement gain reduction decrease increase delta diff change drop"
+
+
 def direction(metric: str) -> str | None:
     """`min` or `max` when the metric's name says which way is better (val/mae: min, val/acc: max), else
-    None (no word, or words of both kinds)."""
+    None (no word, words of both kinds, or a word that turns the sense around: val/neg_mse)."""
     words = set(re.split(r"[^a-z0-9]+", metric.lower().rpartition("/")[2])) - {""}
+    if words & set(REVERSING.split()):
+        return None
     lower, higher = bool(words & set(LOWER_IS_BETTER.split())), bool(words & set(HIGHER_IS_BETTER.split()))
     return "min" if lower and not higher else "max" if higher and not lower else None
 
@@ -113,8 +121,10 @@ class MonitorCheck(L.Callback):
     (before any training), else at the first validation. Lightning would say so only at its first save,
     an epoch in, with a traceback."""
 
-    def __init__(self, metric: str, mode: str, used_by: str) -> None:
-        self.metric, self.mode, self.used_by = metric, mode, used_by
+    def __init__(self, metric: str, mode: str, used_by: str, refuse: bool = True) -> None:
+        """`refuse`: a callback watches it (else only the run's score does: a warning suffices)."""
+        self.metric, self.mode, self.used_by, self.refuse = metric, mode, used_by, refuse
+        self._warned = False
 
     def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
@@ -129,7 +139,12 @@ class MonitorCheck(L.Callback):
             return
         close = difflib.get_close_matches(self.metric, logged, n=1)
         hint = f"did you mean monitor.metric={close[0]}? " if close else ""
-        raise ConfigError(
+        line = (
             f"monitor.metric={self.metric} (mode {self.mode}, used by {self.used_by}) is not a metric the "
             f"model logs: {hint}(it logs {', '.join(logged)})"
         )
+        if self.refuse:
+            raise ConfigError(line)
+        if not self._warned:
+            self._warned = True
+            rank_zero_warn(f"{line}; the run will have no score")

@@ -22,7 +22,6 @@ from lightspeed.core.summary import SUMMARY_FILE
 class SweepTable(Callback):
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
-        self.monitor: dict[str, Any] = {}
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         run_dir = Path(str(config.paths.output_dir))
@@ -30,7 +29,7 @@ class SweepTable(Callback):
         if (run_dir / SUMMARY_FILE).is_file():
             record = json.loads((run_dir / SUMMARY_FILE).read_text())
         metrics = record.get("metrics", {})
-        self.monitor = (record.get("config") or {}).get("monitor") or self.monitor  # as the job settled it
+        settled = (record.get("config") or {}).get("monitor") or {}  # as the job settled it
         failed = job_return.status != JobStatus.COMPLETED
         self.rows.append(
             {
@@ -38,6 +37,7 @@ class SweepTable(Callback):
                 "run": run_dir.name,
                 "status": "failed" if failed else "done",
                 "score": None if failed else job_return.return_value,
+                "monitor": (settled.get("metric"), settled.get("mode")),
                 "metrics": {
                     k: v for k, v in metrics.items() if k.startswith(("val/", "test/")) and "@" not in k
                 },
@@ -47,22 +47,26 @@ class SweepTable(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.rows:
             return
-        metric, mode = self.monitor.get("metric"), self.monitor.get("mode")
+        monitors = {row["monitor"] for row in self.rows if row["monitor"][0] is not None}
+        (metric, mode) = monitors.pop() if len(monitors) == 1 else (None, None)  # one for all: comparable
         shared = [o for o in self.rows[0]["overrides"] if all(o in row["overrides"] for row in self.rows)]
         for row in self.rows:  # each row shows what it varies; the title what all share
             row["overrides"] = " ".join(o for o in row["overrides"] if o not in shared) or "-"
         scores = [row["score"] for row in self.rows if isinstance(row["score"], (int, float))]
-        best = (min if mode == "min" else max)(scores) if scores else None
+        best = (min if mode == "min" else max)(scores) if scores and mode else None
         logged = sorted(
             {k for row in self.rows for k in row["metrics"]}, key=lambda k: (k.startswith("test/"), k)
         )
-        names = ["overrides", "run", "status", f"{metric or 'score'} ({mode or '?'}, best ckpt)", *logged]
+        score = f"{metric} ({mode}, best ckpt)" if metric else "score (its monitor, best ckpt)"
+        names = ["overrides", "run", "status", score, *logged]
         cells = [
             [
                 row["overrides"],
                 row["run"],
                 row["status"],
-                _cell(row["score"]) + (" *" if row["score"] == best and best is not None else ""),
+                _cell(row["score"])
+                + (" *" if row["score"] == best and best is not None else "")
+                + ("" if metric or row["monitor"][0] is None else f" ({row['monitor'][0]})"),
                 *(_cell(row["metrics"].get(k)) for k in logged),
             ]
             for row in self.rows

@@ -62,6 +62,8 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
             cls = get_object(str(target))
         except (ImportError, ValueError, AttributeError) as err:
             raise ConfigError(f"model.net._target_={target} cannot be imported ({err})") from None
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):  # a net, not any callable it names
+            raise ConfigError(f"model.net._target_={target} is not an nn.Module class: name a net's class")
         name = str(target)
     else:
         _discover()
