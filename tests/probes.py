@@ -459,6 +459,13 @@ class NamedClassifier(PlainClassifier):
         self.save_hyperparameters()
 
 
+class ForwardingClassifier(Classifier):
+    """A subclass that passes its arguments on, as Python subclasses often do."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+
+
 class Conv1DNet(torch.nn.Module):
     """A user's 1D net: its constructor takes (C, L) and nothing else."""
 

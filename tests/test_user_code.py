@@ -70,6 +70,8 @@ def test_only_what_a_module_is_built_from_comes_from_the_data_and_eval_rebuilds_
         eval_cfg("trainer.enable_progress_bar=false", "++trainer.limit_test_batches=2")
     )  # latest: its best
     assert tested["test/loss"] == pytest.approx(result.metrics["test/loss"])
+    forwarding = train(train_cfg(*TINY, "model._target_=probes.ForwardingClassifier", "debug=fdr"))
+    assert forwarding.model.hparams["num_classes"] == 10  # `**kwargs` passed on: the base class's arguments
 
 
 @pytest.mark.slow

@@ -151,8 +151,17 @@ def _import(node: Any, where: str) -> Any:
 
 
 def _parameters(target: Any) -> dict[str, inspect.Parameter]:
+    """The named arguments `target` takes; a class whose `__init__` passes `**kwargs` on takes its base
+    class's too (`def __init__(self, *args, **kwargs): super().__init__(*args, **kwargs)`)."""
+    params = inspect.signature(target).parameters
     skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    return {n: p for n, p in inspect.signature(target).parameters.items() if p.kind not in skip}
+    named = {n: p for n, p in params.items() if p.kind not in skip}
+    forwards = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if forwards and isinstance(target, type):
+        base = next((b for b in target.__mro__[1:] if "__init__" in vars(b)), object)
+        if base not in (object, L.LightningModule, L.LightningDataModule):
+            named = {**_parameters(base), **named}
+    return named
 
 
 def _has(obj: Any, name: str) -> bool:
