@@ -77,6 +77,44 @@ def test_ddp_cpu_trains_two_ranks_into_one_run_dir(tmp_path: Path) -> None:
     assert proc.stdout.count("Lightspeed: training finished") == 1  # one summary, from rank 0
 
 
+def _rank_draws(rank: int, queue: object) -> None:
+    """One rank's process: what RankSeed seeds once fit starts, then a draw of each generator."""
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from lightspeed.resilience.rank_seed import RankSeed
+
+    torch.manual_seed(42)  # as seed_everything leaves every rank before fit: the same seed
+    RankSeed(42).on_fit_start(SimpleNamespace(world_size=2, global_rank=rank), None)
+    queue.put((rank, torch.initial_seed(), torch.rand(3).tolist(), float(np.random.rand()), random.random()))
+
+
+def test_each_rank_process_draws_its_own_random_numbers_from_seed_plus_rank() -> None:
+    """The fast twin of the DDP run above: two processes, as two ranks are, and their draws after fit
+    starts (dropout masks, on-device augmentation) differ, and are the same again in a rerun."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+
+    def ranks() -> dict[int, tuple]:
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_rank_draws, args=(r, queue)) for r in (0, 1)]
+        for p in procs:
+            p.start()
+        found = dict((r, rest) for r, *rest in (queue.get(timeout=60) for _ in procs))
+        for p in procs:
+            p.join(timeout=60)
+        return found
+
+    first, again = ranks(), ranks()
+    assert [first[r][0] for r in (0, 1)] == [42, 43]  # seed + rank
+    assert all(first[0][i] != first[1][i] for i in (1, 2, 3))  # torch, numpy and random all differ
+    assert first == again  # and are a function of the seed and the rank alone
+
+
 def test_multirun_sweeps_two_jobs(tmp_path: Path) -> None:
     proc = run_module(
         "lightspeed.train",

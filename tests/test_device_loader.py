@@ -34,10 +34,19 @@ def test_each_epoch_covers_every_sample_once(n: int) -> None:
 
 
 def test_order_is_fixed_by_seed_and_epoch_and_changes_between_epochs() -> None:
-    a, b, c = loader(100, seed=1), loader(100, seed=1), loader(100, seed=2)
-    assert epoch_labels(a, 0) == epoch_labels(b, 0) != epoch_labels(c, 0)
-    assert epoch_labels(a, 0) != epoch_labels(a, 1)
-    assert epoch_labels(a, 5) == epoch_labels(b, 5)
+    """A fresh loader for every epoch read: a loader that served an epoch serves nothing more of it (its
+    position says so), and comparing with that empty epoch would prove nothing."""
+
+    def order(seed: int, epoch: int) -> list[int]:
+        labels = epoch_labels(loader(100, seed=seed), epoch)
+        assert sorted(labels) == list(range(100))  # a whole epoch, each sample once
+        return labels
+
+    assert order(1, 0) == order(1, 0) != order(2, 0)  # the seed decides it
+    assert order(1, 0) != order(1, 1) != order(1, 2)  # ... and the epoch
+    assert order(1, 5) == order(1, 5)
+    one = loader(100, seed=1)  # one loader, epoch after epoch, as training reads it
+    assert [epoch_labels(one, e) for e in range(3)] == [order(1, e) for e in range(3)]
 
 
 def test_ranks_get_disjoint_equal_shards_and_a_new_deal_each_epoch() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import pickle
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,6 +110,49 @@ def test_an_archive_is_extracted_whole_or_not_at_all(tmp_path: Path) -> None:
     with pytest.raises(DownloadError, match=r"cannot be extracted .*: delete it to fetch it again"):
         extract(cut, tmp_path / "out2", "other")
     assert left_in(tmp_path / "out2") == []  # no half data set that a later run would load
+
+
+def _tar_with(member: tarfile.TarInfo, data: bytes = b"") -> bytes:
+    """A gzipped tar holding `set/ok.bin` and `member`."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        ok = tarfile.TarInfo("set/ok.bin")
+        ok.size = 2
+        tar.addfile(ok, io.BytesIO(b"ok"))
+        member.size = len(data) if member.isfile() else 0
+        tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "kind", ["dot-dot path", "absolute path", "symlink out", "hard link out", "device file"]
+)
+def test_an_archive_member_that_would_land_outside_its_folder_is_refused(tmp_path: Path, kind: str) -> None:
+    """A downloaded archive is data: a member named `../x` or `/x`, a link pointing out of the folder, or a
+    device file is refused, the whole archive with it, and nothing is written outside."""
+    outside = tmp_path / "outside.txt"
+    member = {
+        "dot-dot path": tarfile.TarInfo("set/../../outside.txt"),
+        "absolute path": tarfile.TarInfo(str(outside)),
+        "symlink out": tarfile.TarInfo("set/link"),
+        "hard link out": tarfile.TarInfo("set/hard"),
+        "device file": tarfile.TarInfo("set/dev"),
+    }[kind]
+    if kind == "symlink out":
+        member.type, member.linkname = tarfile.SYMTYPE, str(outside)
+    elif kind == "hard link out":
+        member.type, member.linkname = tarfile.LNKTYPE, "../../outside.txt"
+    elif kind == "device file":
+        member.type, member.devmajor, member.devminor = tarfile.CHRTYPE, 1, 3
+    archive = tmp_path / "evil.tar.gz"
+    archive.write_bytes(_tar_with(member, b"pwned"))
+    if kind == "absolute path":  # the leading / is stripped: it lands inside, beside the data set's folder
+        folder = extract(archive, tmp_path / "data" / "cifar", "set")
+        assert [p.name for p in folder.iterdir()] == ["ok.bin"] and not outside.exists()
+        return
+    with pytest.raises(DownloadError, match=r"cannot be extracted .*: delete it to fetch it again"):
+        extract(archive, tmp_path / "data" / "cifar", "set")
+    assert not outside.exists() and left_in(tmp_path / "data" / "cifar") == []
 
 
 def test_idx_files_read_as_uint8_tensors_and_truncated_ones_are_refused(tmp_path: Path) -> None:

@@ -80,16 +80,48 @@ def test_out_of_memory_says_what_to_try_and_leaves_loadable_checkpoints(
 def test_a_preemption_signal_saves_and_exits_and_the_rerun_continues(
     train_cfg, run_dir: Path, capsys, name: str
 ) -> None:
-    code, err = _fails(lambda: train(train_cfg(*TINY), [Fault(name.lower(), step=2)]), capsys)
+    signum = signal.Signals[name]
+
+    def mine(*_: object) -> None:  # the handler the program had before the run
+        return None
+
+    outer = signal.signal(signum, mine)
+    try:
+        code, err = _fails(lambda: train(train_cfg(*TINY), [Fault(name.lower(), step=2)]), capsys)
+        assert signal.getsignal(signum) is mine  # the run's handler is gone again: the program's is back
+    finally:
+        signal.signal(signum, outer)
     assert code == 128 + signal.Signals[name]
     last = run_dir / "checkpoints" / "last.ckpt"
     assert f"preempted by {name}: saved {last} at step 3; rerun the same command to continue" in err
     assert torch.load(last, weights_only=True)["global_step"] == 3
-    assert signal.getsignal(signal.Signals[name]) is not None  # our handler is gone again
     resumed = train(train_cfg(*TINY))
     assert resumed.trainer.global_step == 10 and "test/acc" in resumed.metrics
     assert torch.load(last, weights_only=True)["global_step"] == 10  # last.ckpt itself, no last-v1.ckpt
     assert not list(last.parent.glob("last-v*.ckpt"))
+
+
+def test_the_preemption_callback_puts_back_the_handlers_it_replaced() -> None:
+    """On its own (in a Trainer, Lightning also puts back every handler it found before fit, so a run
+    alone cannot tell whether the callback does)."""
+    from types import SimpleNamespace
+
+    from lightspeed.resilience.preemption import Preemption
+
+    def mine(*_: object) -> None:
+        return None
+
+    signums = (signal.SIGTERM, signal.SIGUSR1)
+    outer = {s: signal.signal(s, mine) for s in signums}
+    try:
+        preemption = Preemption(signals=["SIGTERM", "SIGUSR1"])
+        preemption.on_train_start(SimpleNamespace(received_sigterm=False), None)
+        assert all(signal.getsignal(s) == preemption._record for s in signums)  # its own, while training
+        preemption.teardown(None, None, "fit")
+        assert all(signal.getsignal(s) is mine for s in signums)  # the program's, after
+    finally:
+        for s, handler in outer.items():
+            signal.signal(s, handler)
 
 
 @pytest.mark.slow  # two real runs (~18 s); the in-process signal tests above cover the logic in make test

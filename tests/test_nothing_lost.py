@@ -11,11 +11,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import lightning as L
 import pytest
@@ -193,27 +193,35 @@ def test_the_lock_is_released_when_the_run_ends(run_dir: Path) -> None:
     lock.acquire(run_dir).close()
 
 
-def test_two_writers_of_one_checkpoint_path_never_tear_it(tmp_path: Path) -> None:
-    """Each write has a temporary file of its own: the last rename wins, whole."""
+def _write_repeatedly(target: str, step: int, size: int, barrier: Any) -> None:
+    """One writer process: the same path, again and again, as a second copy of a run would."""
+    payload = {"state_dict": {"w": torch.full((size,), float(step))}, "global_step": step}
+    barrier.wait()
+    for _ in range(8):
+        AtomicCheckpointIO().save_checkpoint(dict(payload), target)
+
+
+def test_two_writer_processes_of_one_checkpoint_path_never_tear_it(tmp_path: Path) -> None:
+    """Each write has a temporary file of its own: the last rename wins, whole. Processes, not threads:
+    torch.save holds the interpreter, so threads never overlap where it matters; two processes sharing
+    one temporary name truncate each other's file, or rename it away from under the other."""
+    import multiprocessing
+
     target = tmp_path / "last.ckpt"
-    payloads = [
-        {"state_dict": {"w": torch.randn(4_000_000)}, "global_step": 1},
-        {"state_dict": {"w": torch.randn(10)}, "global_step": 2},
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(2)
+    procs = [
+        ctx.Process(target=_write_repeatedly, args=(str(target), s, n, barrier))
+        for s, n in ((1, 4_000_000), (2, 1_000_000))
     ]
-    barrier = threading.Barrier(2)
-
-    def write(payload: dict) -> None:
-        barrier.wait()
-        for _ in range(3):
-            AtomicCheckpointIO().save_checkpoint(dict(payload), target)
-
-    threads = [threading.Thread(target=write, args=(p,)) for p in payloads]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]  # neither found its file renamed or removed by the other
     assert checkpoint.problem(target) is None
-    assert torch.load(target, weights_only=True)["global_step"] in (1, 2)
+    saved = torch.load(target, weights_only=True)
+    assert (saved["state_dict"]["w"] == saved["global_step"]).all()  # one writer's bytes, whole
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left
 
 
