@@ -157,6 +157,16 @@ class SlowLoader:
             yield batch
 
 
+class SlowSteps(L.Callback):
+    """Each optimizer step takes `seconds` more on `CLOCK` (no real waiting): compute that dominates."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_before_optimizer_step(self, *args: Any) -> None:
+        CLOCK.advance(self.seconds)
+
+
 class SlowDigits(DigitsDataModule):
     """Digits whose training batches take `delay` seconds each to arrive, and validation batches
     `val_delay` (on `CLOCK` if `virtual`)."""

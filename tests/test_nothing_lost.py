@@ -645,7 +645,9 @@ def test_what_hydra_itself_instantiates_is_checked_before_hydra_runs(args: list[
 
 
 def test_hydra_mode_multirun_is_a_sweep_too() -> None:
-    check_composes("train", ["hydra.mode=MULTIRUN", "seed=1,2"])  # no "Ambiguous value"
+    with pytest.raises(ConfigError, match="Ambiguous value"):  # a swept value outside a sweep
+        check_composes("train", ["seed=1,2"])
+    check_composes("train", ["hydra.mode=MULTIRUN", "seed=1,2"])  # a sweep: each job checks its own value
 
 
 def test_a_crash_after_which_lightning_exits_1_is_not_reported_as_ctrl_c() -> None:

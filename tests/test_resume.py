@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 from pathlib import Path
 
 import lightning as L
@@ -158,7 +159,10 @@ def test_chaos_one_kill_and_resume_per_mode_is_bit_identical(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "single: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
     assert "ddp_cpu: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
-    assert "shards: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
+    if importlib.util.find_spec("litdata") is None:  # the streaming extra is not installed: said, not failed
+        assert "shards: skipped (LitData is not installed" in proc.stdout
+    else:
+        assert "shards: 1/1 resumed, weights identical to the uninterrupted run" in proc.stdout
 
 
 def test_a_last_checkpoint_behind_the_one_resumed_from_is_brought_up_to_date(
