@@ -111,8 +111,9 @@ def test_validation_and_epoch_ends_are_timed_and_named_when_they_take_the_fit(
 def test_data_wait_diagnosis_stays_quiet_and_the_figures_follow_the_clock(
     train_cfg, run_dir: Path, caplog, monkeypatch
 ) -> None:
-    """On a controlled clock: every optimizer step takes 2 s (no real waiting) and data comes at once, so
-    samples/s and the step time are known in advance, whatever the machine's load."""
+    """On a controlled clock: every optimizer step takes 100 s (no real waiting) and data comes at once, so
+    samples/s and the step time are known in advance, whatever the machine's load (the real milliseconds
+    a step takes, even on a busy machine, are well under the 2% allowed)."""
     import probes
 
     monkeypatch.setattr("lightspeed.speed.report.time", probes.CLOCK)
@@ -120,13 +121,12 @@ def test_data_wait_diagnosis_stays_quiet_and_the_figures_follow_the_clock(
         *TINY, "data.on_device=true", "callbacks.speed_report.warmup_steps=1", "test_after_fit=false"
     )
     with caplog.at_level(logging.INFO):
-        train(cfg, [probes.SlowSteps(2.0)])
+        train(cfg, [probes.SlowSteps(100.0)])
     r = speed_of(run_dir)
     assert r["data_wait_share"] < 0.01
-    assert r["samples_per_s"] == pytest.approx(64 / 2.0, rel=0.01)  # a batch of 64 every 2 s
-    assert r["step_ms_mean"] == pytest.approx(2000, rel=0.01) and r["step_ms_median"] == pytest.approx(
-        2000, rel=0.01
-    )
+    assert r["samples_per_s"] == pytest.approx(64 / 100.0, rel=0.02)  # a batch of 64 every 100 s
+    assert r["step_ms_mean"] == pytest.approx(100_000, rel=0.02)
+    assert r["step_ms_median"] == pytest.approx(100_000, rel=0.02)
     assert not [rec for rec in caplog.records if rec.getMessage().startswith("speed: data loading")]
 
 
