@@ -4,6 +4,7 @@ real JPEG and PNG images."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import hashlib
@@ -12,6 +13,7 @@ import pickle
 import struct
 import tarfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +26,8 @@ from PIL import Image
 
 class Server(ThreadingHTTPServer):
     """Serves `files` by name; `modes[name]`: `corrupt` (other bytes, always), `cut` (the first request
-    ends halfway through its Content-Length), `cut-always`, `missing` (404)."""
+    ends halfway through its Content-Length), `cut-always`, `missing` (404), `trickle` (8 bytes every
+    0.1 s), `huge` (announces 10 TB), `endless` (no Content-Length, the file over and over)."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
@@ -51,8 +54,22 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "corrupt":
             body = bytes([body[0] ^ 0xFF]) + body[1:]
         self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
+        if mode == "endless":  # no Content-Length, and more bytes than the file has, until the client stops
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                for _ in range(4096):
+                    self.wfile.write(body)
+            self.close_connection = True
+            return
+        self.send_header("Content-Length", str(10**13 if mode == "huge" else len(body)))
         self.end_headers()
+        if mode == "trickle":  # a few bytes at a time: each read is quick, the whole never ends
+            with contextlib.suppress(OSError):
+                for i in range(0, len(body), 8):
+                    self.wfile.write(body[i : i + 8])
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            return
         if mode == "cut-always" or (mode == "cut" and self.server.served[name] == 1):
             self.wfile.write(body[: len(body) // 2])
             self.close_connection = True

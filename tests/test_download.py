@@ -3,11 +3,14 @@ small files in the real formats that the tests write themselves: nothing here re
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
+import os
 import pickle
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,6 +101,37 @@ def test_a_file_put_by_hand_is_used_offline_and_a_tampered_one_is_replaced(
     (folder / "a.gz").write_bytes(b"tampered")
     remote = remote_for(server, "a.gz", BODY)
     assert fetch(remote, folder).read_bytes() == BODY and server.served["a.gz"] == 1
+
+
+def test_a_download_that_never_ends_or_is_too_large_is_given_up(
+    server: Server, tmp_path: Path, monkeypatch
+) -> None:
+    """A server that trickles bytes (each read quick, the whole never done), one that announces 10 TB, one
+    that sends more than the file has: each given up in one line, nothing left behind."""
+    monkeypatch.setattr(download, "DEADLINE", 0.5)
+    slow = remote_for(server, "slow.gz", BODY)
+    server.modes["slow.gz"] = "trickle"
+    with pytest.raises(DownloadError, match=r"slow\.gz \(still arriving after 0 s \(\d+ bytes\)\)"):
+        fetch(slow, tmp_path / "data")
+    huge = remote_for(server, "huge.gz", BODY)
+    server.modes["huge.gz"] = "huge"
+    with pytest.raises(DownloadError, match=r"announces 10000000000000 bytes, more than the file's"):
+        fetch(huge, tmp_path / "data")
+    endless = dataclasses.replace(remote_for(server, "endless.gz", BODY), size=len(BODY))
+    server.modes["endless.gz"] = "endless"
+    with pytest.raises(DownloadError, match=r"endless\.gz \(more than the file's \d+ bytes arrived\)"):
+        fetch(endless, tmp_path / "data")
+    assert left_in(tmp_path / "data") == []
+
+
+def test_a_part_file_left_by_a_killed_download_is_removed(server: Server, tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    dead, live = folder / ".a.gz.x1.part", folder / ".a.gz.x2.part"
+    dead.write_bytes(b"half"), live.write_bytes(b"another process's, still arriving")
+    os.utime(dead, (time.time() - download.DEADLINE - 60,) * 2)
+    fetch(remote_for(server, "a.gz", BODY), folder)
+    assert left_in(folder) == [".a.gz.x2.part", "a.gz"]  # the dead one gone, the live one kept
 
 
 def test_an_archive_is_extracted_whole_or_not_at_all(tmp_path: Path) -> None:

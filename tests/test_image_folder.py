@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 from pathlib import Path
 
@@ -177,7 +178,7 @@ def test_a_file_that_is_not_an_image_ends_in_one_line_naming_it(train_cfg, folde
         train(cfg)
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: ") and "green/5.png cannot be decoded as an image" in err[-1], err[-3:]
+    assert err[-1].startswith("error: ") and "green/5.png is not a JPEG or PNG image" in err[-1], err[-3:]
 
 
 @pytest.mark.parametrize(
@@ -212,3 +213,70 @@ def test_a_run_on_files_resumes_mid_epoch_bit_identically(train_cfg, folder: Pat
         "trainer.max_epochs=2",
     ]
     assert_resumes_exactly(train_cfg, tmp_path, overrides, at=3, steps=14)  # 7 steps an epoch
+
+
+def test_a_corrupt_test_image_ends_in_one_line_and_the_finished_fit_keeps_its_summary(
+    train_cfg, run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """The fit finishes; testing meets a file that does not decode: one line (exit 2), not a traceback, and
+    the fit's summary is already written, so `make eval ckpt_path=latest` finds its best checkpoint."""
+    from lightspeed.eval import find_checkpoint
+
+    root = tmp_path / "split"
+    image_folder(root / "train", per_class=12)
+    image_folder(root / "test", per_class=3)
+    broken = root / "test" / "blob" / "0.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really" * 10)
+    with pytest.raises(SystemExit) as stop:
+        train(train_cfg(*RUN, f"data.root={root}", "data.num_workers=0"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert f"{broken} cannot be decoded as an image" in err[0]
+    best = json.loads((run_dir / "summary.json").read_text())["best_checkpoint"]
+    assert best and find_checkpoint("latest", tmp_path / "logs") == Path(best)
+
+
+def test_eval_latest_passes_over_a_torn_or_odd_summary(tmp_path: Path) -> None:
+    from lightspeed.eval import find_checkpoint
+
+    runs = tmp_path / "logs" / "train" / "runs"
+    good = runs / "good"
+    (good / "checkpoints").mkdir(parents=True)
+    (good / "checkpoints" / "best.ckpt").write_bytes(b"x")
+    (good / "summary.json").write_text(
+        json.dumps({"best_checkpoint": str(good / "checkpoints" / "best.ckpt")})
+    )
+    for name, text in (
+        ("torn", '{"best_checkpoint": "/x'),
+        ("list", "[1, 2]"),
+        ("odd", '{"best_checkpoint": 7}'),
+    ):
+        (runs / name).mkdir()
+        (runs / name / "summary.json").write_text(text)  # newer than the good one
+    assert find_checkpoint("latest", tmp_path / "logs") == good / "checkpoints" / "best.ckpt"
+
+
+def test_only_jpeg_and_png_are_decoded_and_bombs_are_one_line(tmp_path: Path, monkeypatch) -> None:
+    """A GIF named .png, an image past PIL's pixel limit, a PNG whose text chunk decompresses past its limit:
+    each one line naming the file (the limits lowered here, so that the files stay small)."""
+    from PIL import PngImagePlugin
+
+    gif = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(gif, format="GIF")
+    with pytest.raises(ConfigError, match=rf"^{gif} is not a JPEG or PNG image: remove or convert it$"):
+        decode(gif, 8, 3)
+    big = tmp_path / "big.png"
+    Image.new("RGB", (64, 64)).save(big)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 4096 pixels: over twice the limit
+    with pytest.raises(ConfigError, match=rf"^{big} is too large to decode \(.*\): remove or shrink it$"):
+        decode(big, 8, 3)
+    monkeypatch.undo()
+    text = tmp_path / "text.png"
+    info = PngImagePlugin.PngInfo()
+    info.add_text("comment", "x" * 5000, zip=True)
+    Image.new("RGB", (8, 8)).save(text, pnginfo=info)
+    monkeypatch.setattr(PngImagePlugin, "MAX_TEXT_CHUNK", 1000)
+    with pytest.raises(
+        ConfigError, match=rf"^{text} cannot be decoded as an image \(.*\): remove or replace it$"
+    ):
+        decode(text, 8, 3)

@@ -25,6 +25,7 @@ from lightspeed.core.config import (
     exit_on_config_error,
     validate_common,
 )
+from lightspeed.core.failures import exit_on_failure
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.resilience import checkpoint, identity
@@ -45,12 +46,17 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
         return path
     runs = sorted((log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}"), key=lambda p: p.stat().st_mtime)
     for found in reversed(runs):  # newest first; runs without a best checkpoint (debug=fdr) are skipped
-        record = json.loads(found.read_text())
-        best = record.get("best_checkpoint")
-        if not best:
+        try:
+            record = json.loads(found.read_text())
+        except (OSError, ValueError):  # torn, unreadable, not JSON: not a run to evaluate
+            continue
+        best = record.get("best_checkpoint") if isinstance(record, dict) else None
+        if not isinstance(best, str) or not best:
             continue
         path = Path(best)
-        if not path.is_file() and record.get("run_dir"):  # the run's folder was moved: the file in it
+        if not path.is_file() and isinstance(
+            record.get("run_dir"), str
+        ):  # the run's folder was moved: the file in it
             with contextlib.suppress(ValueError):
                 path = found.parent / path.relative_to(record["run_dir"])
         if path.is_file():
@@ -91,12 +97,14 @@ def run(cfg: DictConfig) -> dict[str, float]:
         trainer = build.trainer(cfg)
         accel.report_idle(idle, accel.device_type(cfg))
 
-    results = trainer.test(model, datamodule=dm, verbose=False)
+    with exit_on_config_error(), exit_on_failure(cfg, trainer):  # each phase ends in one line
+        results = trainer.test(model, datamodule=dm, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     run_dir = Path(cfg.paths.output_dir)
     predictions = None
     if cfg.predict:
-        batches = trainer.predict(model, datamodule=dm)  # the Trainer predicts under torch.inference_mode
+        with exit_on_config_error(), exit_on_failure(cfg, trainer):
+            batches = trainer.predict(model, datamodule=dm)  # the Trainer predicts under torch.inference_mode
         predictions = _write_predictions(batches or [], run_dir / "predictions.csv", class_names)
     summary.report(
         "Lightspeed: evaluation",

@@ -145,34 +145,32 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         # The last validation's metrics are the run's (and last.ckpt's); the best checkpoint's, beside them.
         metrics |= {f"{k}@best": v for k, v in getattr(ckpt, "best_metrics", {}).items() if best}
         tested = cfg.get("test_after_fit", True)
+        run_dir = Path(cfg.paths.output_dir)
+        facts = {
+            "run_dir": run_dir,
+            "monitor": f"{cfg.monitor.metric} ({cfg.monitor.mode})" if "monitor" in cfg else None,
+            "best_checkpoint": best,
+            "last_checkpoint": ckpt.last_model_path if ckpt is not None and ckpt.last_model_path else None,
+            "global_step": trainer.global_step,
+            "epochs": trainer.current_epoch,
+            "fit_seconds": round(fit_s, 2),
+            "tested": None,
+            "config": config,
+        }
         if tested:
+            # The fit's summary first: a test that fails (a corrupt test image) loses nothing of the fit,
+            # and `make eval ckpt_path=latest` finds its best checkpoint.
+            summary.write(run_dir, facts, metrics)
             # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.
-            with exit_on_failure(cfg, trainer), stop_other_ranks_on_failure(trainer):
+            with exit_on_config_error(), exit_on_failure(cfg, trainer), stop_other_ranks_on_failure(trainer):
                 results = trainer.test(
                     model, datamodule=dm, ckpt_path="best" if best else None, verbose=False
                 )
             metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
+            facts["tested"] = "best checkpoint" if best else "weights in memory"
 
         score = _optimized_score(cfg, trainer, metrics)
-        run_dir = Path(cfg.paths.output_dir)
-        summary.report(
-            "Lightspeed: training finished",
-            run_dir,
-            {
-                "run_dir": run_dir,
-                "monitor": f"{cfg.monitor.metric} ({cfg.monitor.mode})" if "monitor" in cfg else None,
-                "best_checkpoint": best,
-                "last_checkpoint": ckpt.last_model_path
-                if ckpt is not None and ckpt.last_model_path
-                else None,
-                "global_step": trainer.global_step,
-                "epochs": trainer.current_epoch,
-                "fit_seconds": round(fit_s, 2),
-                "tested": None if not tested else "best checkpoint" if best else "weights in memory",
-                "config": config,
-            },
-            metrics,
-        )
+        summary.report("Lightspeed: training finished", run_dir, facts, metrics)
         return TrainResult(trainer, model, score, metrics, best)
 
 

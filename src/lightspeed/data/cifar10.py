@@ -27,6 +27,7 @@ class CIFAR10DataModule(DownloadedDataModule):
                 "cifar-10-python.tar.gz",
                 "c58f30108f718f92721af3b95e74349a",
                 ("https://www.cs.toronto.edu/~kriz/",),
+                size=170_498_071,
             ),
         )
     }

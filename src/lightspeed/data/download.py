@@ -6,12 +6,14 @@ failed and where to put the file by hand.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
 import shutil
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -25,6 +27,11 @@ from lightspeed.data.base import ArrayDataModule
 
 #: Seconds without a byte from the server before a download attempt is given up.
 TIMEOUT = 30.0
+#: Seconds a whole file may take (a server that sends a byte every few seconds never trips TIMEOUT); a
+#: `.part` file older than this was left by a download that died, and is removed.
+DEADLINE = 3 * 3600.0
+#: Bytes accepted for a file whose size is not recorded (`Remote.size`): the shipped data sets are smaller.
+MAX_BYTES = 1 << 30
 #: Attempts per mirror: a download cut short or failing its checksum is tried again once.
 ATTEMPTS = 2
 
@@ -40,6 +47,12 @@ class Remote:
     filename: str
     md5: str
     mirrors: tuple[str, ...]
+    size: int | None = None  # bytes, as published: a body well past it cannot be the file
+
+    @property
+    def limit(self) -> int:
+        """The most bytes a download of it may bring (a margin over the published size)."""
+        return MAX_BYTES if self.size is None else self.size + self.size // 4 + (1 << 20)
 
     def urls(self, mirrors: Sequence[str] | None = None) -> list[str]:
         return [base.rstrip("/") + "/" + self.filename for base in (mirrors or self.mirrors)]
@@ -65,6 +78,10 @@ def fetch(remote: Remote, folder: Path, mirrors: Sequence[str] | None = None) ->
     else:
         tried = []
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(f".{remote.filename}.*.part"):  # left by a download killed mid-file
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > DEADLINE:
+                stale.unlink()
     for url in remote.urls(mirrors):
         for _ in range(ATTEMPTS):
             # a name of its own: another process (another node on a shared file system) may fetch it too
@@ -72,7 +89,7 @@ def fetch(remote: Remote, folder: Path, mirrors: Sequence[str] | None = None) ->
             os.close(handle)
             part = Path(name)
             try:
-                got = _download(url, part)
+                got = _download(url, part, remote.limit)
             except (OSError, ValueError, http.client.HTTPException) as err:  # URLError is an OSError
                 tried.append(f"{url} ({_reason(err)})")
                 if not _worth_retrying(err):
@@ -92,17 +109,26 @@ def fetch(remote: Remote, folder: Path, mirrors: Sequence[str] | None = None) ->
     )
 
 
-def _download(url: str, part: Path) -> str:
+def _download(url: str, part: Path, limit: int) -> str:
     """Stream `url` into `part`; the MD5 of what arrived. A body shorter than its Content-Length (the
-    connection dropped: http.client returns what came, silently) raises ConnectionError."""
+    connection dropped: http.client returns what came, silently) raises ConnectionError; one announced or
+    growing past `limit` bytes, or still arriving after DEADLINE seconds, is given up."""
     digest = hashlib.md5(usedforsecurity=False)
     received = 0
+    start = time.monotonic()
     with urllib.request.urlopen(url, timeout=TIMEOUT) as response, part.open("wb") as out:
         expected = getattr(response, "length", None)  # None without a Content-Length (file://)
-        while block := response.read(1 << 20):
+        if expected is not None and expected > limit:
+            raise ValueError(f"the server announces {expected} bytes, more than the file's {limit}")
+        read = getattr(response, "read1", response.read)  # returns what has come: the deadline is checked
+        while block := read(1 << 20):
             digest.update(block)
             out.write(block)
             received += len(block)
+            if received > limit:
+                raise ValueError(f"more than the file's {limit} bytes arrived")
+            if time.monotonic() - start > DEADLINE:
+                raise TimeoutError(f"still arriving after {DEADLINE:.0f} s ({received} bytes)")
     if expected is not None and received < expected:
         raise ConnectionError(f"cut off after {received} of {expected} bytes")
     return digest.hexdigest()

@@ -123,6 +123,10 @@ def file_ids(files: list[str]) -> Tensor:
     )
 
 
+#: What an image folder is read as, whatever a file's name says.
+FORMATS = ("JPEG", "PNG")
+
+
 def decode(path: Path, size: int, channels: int) -> Tensor:
     """The image as uint8 (channels, size, size). Resize policy: the shorter side is scaled to `size`
     (bilinear, antialiased), then the centre is cut to `size` x `size`; an image of that size already is
@@ -130,7 +134,7 @@ def decode(path: Path, size: int, channels: int) -> Tensor:
     become grey with `channels=1`; grey, palette and alpha images become RGB with `channels=3` (alpha
     dropped)."""
     try:
-        with Image.open(path) as image:
+        with Image.open(path, formats=FORMATS) as image:  # a GIF or TIFF named .png is refused
             image.draft("RGB" if channels == 3 else "L", (size, size))  # JPEG: decode at a reduced scale
             image = ImageOps.exif_transpose(image)  # as a viewer shows it (a phone's rotated photos)
             if image.mode.startswith("I"):  # 16- or 32-bit grey: to 8 bits by its range, not clipped
@@ -146,7 +150,11 @@ def decode(path: Path, size: int, channels: int) -> Tensor:
                 left, top = (w - size) // 2, (h - size) // 2
                 image = image.crop((left, top, left + size, top + size))
             pixels = np.asarray(image, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError) as err:
+    except Image.DecompressionBombError as err:  # more pixels than PIL decodes (Image.MAX_IMAGE_PIXELS x 2)
+        raise ConfigError(f"{path} is too large to decode ({err}): remove or shrink it") from None
+    except UnidentifiedImageError:
+        raise ConfigError(f"{path} is not a JPEG or PNG image: remove or convert it") from None
+    except (OSError, ValueError) as err:  # truncated data; a text chunk too large to decompress
         raise ConfigError(f"{path} cannot be decoded as an image ({err}): remove or replace it") from None
     pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
     return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()
