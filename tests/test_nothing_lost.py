@@ -319,6 +319,28 @@ def test_a_checkpoint_with_a_flipped_bit_is_treated_as_corrupt(train_cfg, run_di
     assert code == 2 and "no longer match their checksum" in line
 
 
+def test_a_checkpoint_whose_tensor_claims_more_than_its_file_holds_is_passed_over(
+    train_cfg, run_dir: Path, capsys
+) -> None:
+    """A tensor of 2^40 elements over a one-element storage (an expanded view, as torch.save keeps it): a
+    checksum or a finiteness check would allocate terabytes. Auto-resume passes it over with a warning;
+    given as ckpt_path, it is one line."""
+    first = train(train_cfg(*FIT))
+    last = run_dir / "checkpoints" / "last.ckpt"
+    crafted = torch.load(last, weights_only=True)
+    crafted["global_step"] += 100  # newer than the run's own: resume would take it first
+    crafted["state_dict"]["huge"] = torch.zeros(1).expand(2**20, 2**20)
+    bomb = run_dir / "checkpoints" / "zz-newer.ckpt"
+    torch.save(crafted, bomb)
+    assert bomb.stat().st_size < 10 * last.stat().st_size  # small on disk
+    assert "claims 1099511627776 elements, more than its file holds" in checkpoint.problem(bomb)
+    with pytest.warns(UserWarning, match=r"zz-newer\.ckpt: its tensor /state_dict/huge claims"):
+        resumed = resume.resolve(train_cfg(*FIT))
+    assert resumed in (str(last), first.trainer.checkpoint_callback.best_model_path)
+    code, line = _fails(lambda: train(train_cfg(*FIT, "run_name=again", f"ckpt_path={bomb}")), capsys)
+    assert code == 2 and "claims 1099511627776 elements" in line
+
+
 # 9. Names that would leave their folder
 
 
@@ -523,6 +545,16 @@ def test_a_run_moved_mid_training_resumes_into_its_own_last_ckpt(
 
 BAD_INPUTS = [
     # (overrides, the start of the one line)
+    (
+        ["callbacks=none", "callbacks.early_stopping.patience=3"],
+        "callbacks.early_stopping.patience is not a setting with the options chosen here (the defaults "
+        "have it)",
+    ),
+    (["ckpt_path=/dev/zero"], "ckpt_path=/dev/zero is not a regular file (a fifo, a device)"),
+    (
+        ["data=mnist", "data.mirrors=http://127.0.0.1:9/"],
+        "data.mirrors=http://127.0.0.1:9/ is a string: give a list",
+    ),
     (["trainer.max_epoch=3"], "trainer.max_epoch is not a setting: did you mean trainer.max_epochs?"),
     (["trainer.devices=abc"], "trainer.devices='abc' is invalid"),
     (["trainer.devices=1.5"], "trainer.devices=1.5 is invalid"),

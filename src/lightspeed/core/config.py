@@ -214,6 +214,11 @@ def validate_train(cfg: DictConfig) -> None:
 
 def check_checkpoint_path(path: Path, other: str = "") -> None:
     """A `ckpt_path` that is a file; a folder or a missing path is one line saying which."""
+    if path.exists() and not path.is_dir() and not path.is_file():
+        raise ConfigError(
+            f"ckpt_path={path} is not a regular file (a fifo, a device): pass the path of a .ckpt file"
+            f"{', ' + other if other else ''}"
+        )
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
         hint = f" (it holds {', '.join(found)})" if found else ""
@@ -432,6 +437,8 @@ def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
     """One line for a key that is not in the config, naming the closest of its siblings."""
     parent, _, leaf = key.rpartition(".")
     siblings = sorted({k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent} - {"defaults"})
+    if leaf in siblings:  # in the default composition, not in this one: another option left it out
+        return f"{key} is not a setting with the options chosen here (the defaults have it): {fix}"
     close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.7)
     where = f"{parent}." if parent else ""
     if close:

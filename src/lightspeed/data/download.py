@@ -186,6 +186,8 @@ class DownloadedDataModule(ArrayDataModule):
     def __init__(self, data_dir: str, mirrors: Sequence[str] | None = None, **loader_args: Any) -> None:
         super().__init__(**loader_args)
         self.data_dir = Path(data_dir)
+        if isinstance(mirrors, str):  # one URL where a list was meant: not its characters, one by one
+            raise ConfigError(f"data.mirrors={mirrors} is a string: give a list, data.mirrors=[{mirrors}]")
         self.mirrors = list(mirrors) if mirrors else None
 
     def prepare_data(self) -> None:

@@ -101,14 +101,21 @@ def checksum(checkpoint: dict[str, Any]) -> str:
 
 
 def problem(path: Path) -> str | None:
-    """Why the checkpoint at `path` must not be trained from (unreadable, Python objects, a checksum that
-    no longer matches its tensors, weights that are not finite), or None. Reads the whole file."""
+    """Why the checkpoint at `path` must not be trained from (unreadable, Python objects, a tensor that
+    claims more elements than the file stores for it, a checksum that no longer matches its tensors,
+    weights that are not finite), or None. Reads the whole file."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError) as err:
         return why(err, path)
     if not isinstance(ckpt, dict):
         return "not a Lightning checkpoint"
+    for name, tensor in _tensors(ckpt):  # before anything reads them whole
+        if (
+            tensor.layout == torch.strided
+            and tensor.numel() * tensor.element_size() > tensor.untyped_storage().nbytes()
+        ):
+            return f"its tensor {name} claims {tensor.numel()} elements, more than its file holds (crafted?)"
     stored = ckpt.get(CHECKSUM_KEY)
     if stored is not None and stored != checksum(ckpt):
         return "its tensors no longer match their checksum (corrupted on disk?)"
