@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -228,3 +229,55 @@ def test_streaming_shards_larger_than_the_allowed_growth_keeps_anonymous_memory_
     baseline, peak, seen = map(int, proc.stdout.split()[-3:])
     assert seen == 1400 - 1400 % 16  # 1400 training samples, full batches
     assert peak - baseline < 2 * chunk, f"RssAnon grew {(peak - baseline) / 2**20:.1f} MiB"
+
+
+def _shards_writer(out: str, barrier: Any, queue: Any) -> None:
+    from lightspeed.core.config import ConfigError
+
+    dm = DigitsDataModule()
+    dm.setup()
+    barrier.wait()
+    try:
+        write_shards(dm, Path(out), "64KB")
+        queue.put("written")
+    except ConfigError as err:
+        queue.put(str(err))
+
+
+def test_two_make_shards_into_one_folder_leave_one_whole_set_and_one_line(tmp_path: Path) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    barrier, queue = ctx.Barrier(2), ctx.Queue()
+    out = tmp_path / "digits"
+    procs = [ctx.Process(target=_shards_writer, args=(str(out), barrier, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    said = sorted(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert said[1] == "written", said
+    assert said[0] == "written" or said[0].startswith(f"shards.out={out} "), said  # the other: one line
+    assert ShardsDataModule(path=str(out)).samples == {"train": 1258, "val": 180, "test": 359}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+
+def test_broken_shards_and_a_file_in_the_way_are_one_line_each(tmp_path: Path) -> None:
+    from lightspeed.core.config import ConfigError
+
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match=r"^shards\.out=.*a-file is a file: name a folder"):
+        write_shards(synthetic(100), tmp_path / "a-file")
+    out = write_shards(synthetic(200), tmp_path / "s")
+    (out / "val" / "index.json").rename(out / "val" / "index.json.gone")
+    with pytest.raises(
+        ConfigError, match=r"^data\.path=.* holds broken shards \(.*index\.json.*\): write them"
+    ):
+        ShardsDataModule(path=str(out))
+    (out / "val" / "index.json.gone").rename(out / "val" / "index.json")
+    next((out / "train").glob("chunk-*.bin")).unlink()
+    with pytest.raises(ConfigError, match=r"holds broken shards \(train/chunk-.*\.bin is missing\)"):
+        ShardsDataModule(path=str(out))
+    (out / META).write_text("{not json")
+    with pytest.raises(ConfigError, match=r"holds broken shards \(Expecting property name"):
+        ShardsDataModule(path=str(out))

@@ -55,6 +55,8 @@ def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB"
     _litdata()
     from litdata.streaming.writer import BinaryWriter
 
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"shards.out={out} is a file: name a folder to write the shards into")
     if out.exists() and any(out.iterdir()):
         what = "shards already" if (out / META).is_file() else "other files"
         raise ConfigError(f"shards.out={out} holds {what}: delete it, or write to another folder")
@@ -90,13 +92,38 @@ def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB"
         }
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
         readable(tmp)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.replace(tmp, out)  # whole or not at all
+        try:
+            if out.exists():
+                out.rmdir()  # empty (checked above)
+            os.replace(tmp, out)  # whole or not at all
+        except OSError:  # another `make shards` wrote it meanwhile: theirs stays, whole
+            raise ConfigError(
+                f"shards.out={out} was written by another `make shards` meanwhile: use those, or write to "
+                "another folder"
+            ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _readable_shards(path: Path) -> dict[str, Any]:
+    """meta.json, after checking that it and each split's index and chunk files are there and readable:
+    one line naming what is wrong, where LitData would fail with a traceback in the middle of a run."""
+    try:
+        meta = json.loads((path / META).read_text())
+        if not isinstance(meta, dict) or not isinstance(meta.get("samples"), dict):
+            raise ValueError("not the meta.json make shards writes")
+        for split in SPLITS:
+            index = json.loads((path / split / "index.json").read_text())
+            missing = [c["filename"] for c in index["chunks"] if not (path / split / c["filename"]).is_file()]
+            if missing:
+                raise ValueError(f"{split}/{missing[0]} is missing")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(
+            f"data.path={path} holds broken shards ({err}): write them again with `make shards`"
+        ) from None
+    return meta
 
 
 class _Bare(ArrayDataModule):
@@ -173,7 +200,7 @@ class ShardsDataModule(ArrayDataModule):
                 f"data.path={self.path} holds no shards ({META} missing): write them with "
                 f"`make shards data=<name> shards.out={self.path}`"
             )
-        meta = json.loads((self.path / META).read_text())
+        meta = _readable_shards(self.path)
         # what the source data set declared (shards written before 2026-12-01: its shape and classes)
         declares = meta.get("declares") or {
             k: meta[k] for k in ("input_shape", "num_classes", "class_names") if meta.get(k) is not None
