@@ -676,6 +676,20 @@ def test_what_hydra_itself_instantiates_is_checked_before_hydra_runs(args: list[
         check_composes("train", args)
 
 
+def test_a_yaml_alias_bomb_in_conf_is_one_line_before_hydra_builds_it(tmp_path: Path) -> None:
+    """Nine levels of nine aliases: 9^9 (387 million) values once copied out, which Hydra would build for
+    minutes. Counted on the node graph, it is refused at once; the shipped conf/ passes."""
+    from lightspeed.core.config import check_yaml_sizes
+
+    lines = ["# @package _global_", 'l0: &l0 ["x","x","x","x","x","x","x","x","x"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)]
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"^conf/experiment/bomb\.yaml would expand to \d{9,} values"):
+        check_yaml_sizes(tmp_path / "conf")  # at once: the nodes are counted, not built
+    check_yaml_sizes()  # the repository's own
+
+
 def test_hydra_mode_multirun_is_a_sweep_too() -> None:
     with pytest.raises(ConfigError, match="Ambiguous value"):  # a swept value outside a sweep
         check_composes("train", ["seed=1,2"])

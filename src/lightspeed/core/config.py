@@ -458,6 +458,40 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
             raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
 
 
+#: Values a yaml file of conf/ may expand to: far above any real config, far below a "billion laughs".
+MAX_YAML_VALUES = 100_000
+
+
+def check_yaml_sizes(conf_dir: Path = CONF_DIR) -> None:
+    """Refuse a yaml file whose aliases (`*name`) would expand to more values than MAX_YAML_VALUES: Hydra
+    would build every copy, and hang for minutes. Counted on PyYAML's node graph (no objects are built),
+    each aliased node once."""
+    import yaml
+
+    for path in sorted(conf_dir.rglob("*.yaml")):
+        try:
+            root = yaml.compose(path.read_text())
+        except yaml.YAMLError:
+            continue  # Hydra's own error says what is wrong with it
+        if root is not None and (n := _expanded(root, {})) > MAX_YAML_VALUES:
+            raise ConfigError(
+                f"{path.relative_to(conf_dir.parent)} would expand to {n} values through its aliases "
+                "(*name): remove the repeated aliases"
+            )
+
+
+def _expanded(node: Any, sizes: dict[int, int]) -> int:
+    """How many values a yaml node stands for once every alias is copied out (memoised per node)."""
+    import yaml
+
+    if id(node) not in sizes:
+        sizes[id(node)] = 0  # a cycle counts once
+        children = node.value if isinstance(node.value, list) else []
+        items = [c for pair in children for c in pair] if isinstance(node, yaml.MappingNode) else children
+        sizes[id(node)] = 1 + sum(_expanded(c, sizes) for c in items)
+    return sizes[id(node)]
+
+
 def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     """Refuse `group=option` overrides whose option has no file, and folder names that would leave their
     folder, in one line, before Hydra composes and makes the run folder (Hydra's own message for a

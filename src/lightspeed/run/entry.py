@@ -22,6 +22,7 @@ from lightspeed.core.config import (
     ConfigError,
     check_group_choices,
     check_known_keys,
+    check_yaml_sizes,
     exit_on_config_error,
     flat_keys,
     unknown_key,
@@ -43,6 +44,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
 
     def main() -> None:
         with exit_on_config_error():
+            check_yaml_sizes()
             check_group_choices(sys.argv[1:])
             check_composes(config_name, sys.argv[1:])
         _run()
