@@ -280,3 +280,29 @@ def test_only_jpeg_and_png_are_decoded_and_bombs_are_one_line(tmp_path: Path, mo
         ConfigError, match=rf"^{text} cannot be decoded as an image \(.*\): remove or replace it$"
     ):
         decode(text, 8, 3)
+
+
+def test_a_folder_changed_since_the_run_s_checkpoint_is_refused_naming_the_change(
+    train_cfg, folder: Path, capsys
+) -> None:
+    """Preempted, one image added, rerun: every split would be drawn anew (test images among the training
+    ones) and the resume used to go on without a word."""
+    from probes import Fault
+
+    run = [*RUN, f"data.root={folder}"]
+    with pytest.raises(SystemExit):
+        train(train_cfg(*run), [Fault("sigterm", step=2)])
+    capsys.readouterr()
+    for added in (1, 30):  # one image; enough for an epoch of another length too
+        for i in range(added):
+            shutil.copy(folder / "blob" / "0.png", folder / "blob" / f"new{i}.png")
+        with pytest.raises(SystemExit) as stop:
+            train(train_cfg(*run))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1, err
+        assert err[0].startswith(
+            "error: the data changed since this run's checkpoint: its training split now"
+        )
+        for extra in folder.glob("blob/new*.png"):
+            extra.unlink()
+    assert train(train_cfg(*run)).trainer.global_step == 10  # the data restored: it resumes

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -204,6 +205,11 @@ class RunIdentity(L.Callback):
         self.data = data
         self.from_data = from_data
 
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        check_same_samples(checkpoint, self.ident, trainer.datamodule, "this run's checkpoint")
+
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
@@ -218,6 +224,27 @@ class RunIdentity(L.Callback):
         names = getattr(trainer.datamodule, "class_names", None)
         if names is not None:
             checkpoint[CLASS_NAMES_KEY] = [str(n) for n in names]  # plain strings, whatever the type
+
+
+def check_same_samples(checkpoint: dict[str, Any], ident: dict[str, Any], datamodule: Any, name: str) -> None:
+    """Resuming a run's own checkpoint on data whose training split has other samples (an image added to
+    the folder: every split drawn anew, test images among the training ones) would go on without a word:
+    a ConfigError naming the change. Another run's checkpoint (fine-tuning) is not checked."""
+    from lightspeed.core.config import ConfigError
+
+    trained, ids = checkpoint.get(TRAIN_SAMPLES_KEY), getattr(datamodule, "sample_ids", None)
+    own = (checkpoint.get("identity") or {}).get("digest") == digest(ident)
+    if not own or trained is None or not isinstance(ids, dict) or ids.get("train") is None:
+        return
+    now = ids["train"]
+    added, removed = int((~torch.isin(now, trained)).sum()), int((~torch.isin(trained, now)).sum())
+    if added or removed:
+        raise ConfigError(
+            f"the data changed since {name}: its training split now has {added} sample(s) it did not "
+            f"have and lacks {removed} it had (files added to or removed from the data set?), so every "
+            "split would be drawn anew and test samples trained on: restore the data, or train anew with "
+            "run_name=<new name>"
+        )
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
