@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from lightspeed.core import device
-from lightspeed.core.config import ALLOWED_TARGETS_ENV
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data import SyntheticDataModule
 from lightspeed.data.device_loader import WholeBatches, whole_batch
@@ -65,10 +64,6 @@ class StepClock(L.Callback):
 
     def per_step(self) -> float:
         return (self.end - self.start) / (self.steps - self.warmup)
-
-
-# The rows' own modules, defined below, are instantiated from configs: allow this script's classes.
-os.environ[ALLOWED_TARGETS_ENV] = ",".join(filter(None, [os.environ.get(ALLOWED_TARGETS_ENV), "__main__"]))
 
 
 class BareClassifier(Classifier):

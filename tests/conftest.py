@@ -13,12 +13,8 @@ import torch
 from omegaconf import DictConfig
 
 from lightspeed import CONF_DIR
-from lightspeed.core.config import ALLOWED_TARGETS_ENV
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.run.entry import compose_config
-
-# The probes below are instantiated from configs, here and in the subprocesses the tests start.
-os.environ[ALLOWED_TARGETS_ENV] = "probes"
 
 REPO = CONF_DIR.parent
 TESTS = Path(__file__).resolve().parent

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,6 @@ import torch
 
 from conftest import TESTS, TINY, run_module
 from lightspeed.callbacks import NonFiniteGuard
-from lightspeed.core.config import ALLOWED_TARGETS_ENV
 from lightspeed.train import train
 from probes import Fault, Snapshot
 
@@ -137,7 +135,6 @@ def test_sigterm_to_a_real_run_exits_143_within_seconds_and_rerunning_resumes(tm
         f"paths.log_dir={tmp_path}",
     ]
     env = {"PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    env[ALLOWED_TARGETS_ENV] = os.environ[ALLOWED_TARGETS_ENV]
     proc = subprocess.Popen(
         args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

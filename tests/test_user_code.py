@@ -45,11 +45,11 @@ def test_a_datamodule_without_num_classes_is_one_line(train_cfg, capsys) -> None
 
 
 def test_only_what_a_module_is_built_from_comes_from_the_data_and_eval_rebuilds_it(
-    train_cfg, eval_cfg, run_dir: Path
+    train_cfg, eval_cfg, run_dir: Path, capsys
 ) -> None:
     """Not Lightning's own DataModule attributes (`name`), nor the DataModule's settings (`batch_size`) for
-    an argument that has a default; `make eval` then rebuilds the module from its checkpoint alone (its
-    class, and `lr` left at its default, not in its yaml)."""
+    an argument that has a default; `make eval` then rebuilds the module from its checkpoint (`lr` left at
+    its default, not in its yaml), its class named on eval's command line, since no yaml of conf/ does."""
     from lightspeed.eval import run as evaluate
 
     model = ["~model", "+model._target_=probes.NamedClassifier"]
@@ -66,9 +66,13 @@ def test_only_what_a_module_is_built_from_comes_from_the_data_and_eval_rebuilds_
         "input_shape",
         "num_classes",
     ]
-    tested = evaluate(
-        eval_cfg("trainer.enable_progress_bar=false", "++trainer.limit_test_batches=2")
-    )  # latest: its best
+    quiet = ["trainer.enable_progress_bar=false", "++trainer.limit_test_batches=2"]
+    with pytest.raises(SystemExit) as stop:  # a checkpoint is data: it names no class that conf/ does not
+        evaluate(eval_cfg(*quiet))
+    assert stop.value.code == 2 and "names model._target_=probes.NamedClassifier, a class that no yaml" in (
+        capsys.readouterr().err
+    )
+    tested = evaluate(eval_cfg(*quiet, "module=probes.NamedClassifier"))  # named by the user: code they run
     assert tested["test/loss"] == pytest.approx(result.metrics["test/loss"])
     forwarding = train(train_cfg(*TINY, "model._target_=probes.ForwardingClassifier", "debug=fdr"))
     assert forwarding.model.hparams["num_classes"] == 10  # `**kwargs` passed on: the base class's arguments

@@ -21,7 +21,7 @@ from lightspeed.core import summary
 from lightspeed.core.config import (
     ConfigError,
     check_checkpoint_path,
-    check_node,
+    check_data_targets,
     exit_on_config_error,
     validate_common,
 )
@@ -157,9 +157,9 @@ def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
     keep |= {
         k: cfg.data[k] for k in ("data_dir", "mirrors", "cache") if f"data.{k}" in given and k in cfg.data
     }
+    check_data_targets({"data": run_data}, f"{ckpt.name}'s data config")  # a checkpoint is data
     with open_dict(cfg):
         cfg.data = OmegaConf.merge(OmegaConf.create(run_data), keep)
-    check_node(cfg.data, "data")  # a checkpoint is input too: its data names only allowed code
     validate_common(cfg)
     return False
 
@@ -201,8 +201,9 @@ def _run_model_config(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L.LightningModule]:
-    """The LightningModule class that trained the checkpoint: `module` when given, else the one its run's
-    config names (`model._target_`), through the same allow-list as any config."""
+    """The LightningModule class that trained the checkpoint: `module` when given (the command line, code the
+    user runs), else the one its run's config names (`model._target_`: data, so only a class conf/ names),
+    after every `_target_` in its hyperparameters (its net's) passed the same check."""
     name = cfg.get("module") or _run_model_config(stored).get("_target_")
     where = "module" if cfg.get("module") else f"{ckpt.name}: model"
     if not name:
@@ -210,7 +211,9 @@ def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L
             f"ckpt_path={ckpt} names no LightningModule class (saved outside Lightspeed): pass "
             "module=<its class>, e.g. module=lightspeed.models.classifier.Classifier"
         )
-    check_node({"_target_": name}, where)
+    if not cfg.get("module"):
+        check_data_targets({"model": {"_target_": name}}, ckpt.name)
+    check_data_targets(stored.get("hyper_parameters") or {}, f"{ckpt.name}'s hyperparameters")
     try:
         found = get_class(str(name))
     except (ImportError, ValueError) as err:

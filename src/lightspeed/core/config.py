@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR
@@ -95,8 +94,9 @@ def _folder_name() -> tuple[Callable[[Any], bool], str]:
     )
 
 
-#: Names that become folders; checked on the command line too, before Hydra makes the run folder.
-FOLDER_KEYS = ("run_name", "task_name")
+#: Names that become folders (or a file's name: the job's log), checked as resolved before Hydra makes
+#: the run folder: an interpolation (`${oc.env:X}`) can make `..` as readily as the command line.
+FOLDER_KEYS = ("run_name", "task_name", "hydra.job.name", "hydra.output_subdir")
 
 # key -> (predicate, what is allowed). A key that is absent from the config is not checked.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -238,117 +238,43 @@ def validate_common(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and not ok(value):
             raise ConfigError(f"{key}={value!r} is invalid: use {allowed}")
-    validate_targets(cfg)
     _validate_splits(cfg)
     _validate_strategy(cfg)
     validate_devices(cfg)
     validate_writable(cfg)
 
 
-#: What a config may instantiate. A `_target_` is a call: from a shared yaml file, a checkpoint or a
-#: pasted command line, `builtins.open` or `shutil.copyfile` would run as readily as a callback. Entries
-#: match a name and everything under it. More: `allowed_targets` in conf/local/default.yaml only.
-ALLOWED_TARGETS = (
-    "lightspeed",
-    *(f"lightning.pytorch.{part}" for part in ("Trainer", "callbacks", "loggers", "strategies", "profilers")),
-    *(f"lightning.pytorch.{part}" for part in ("plugins", "accelerators")),
-    "datetime.timedelta",
-)
-LOCAL_CONFIG = CONF_DIR / "local" / "default.yaml"
-#: For test suites and CI: more allowed names, comma-separated (the environment, unlike a config file
-#: or the command line, is not shared with a run's inputs).
-ALLOWED_TARGETS_ENV = "LIGHTSPEED_ALLOWED_TARGETS"
-
-
-def allowed_targets(local: Path = LOCAL_CONFIG) -> tuple[str, ...]:
-    extra = OmegaConf.load(local).get("allowed_targets") if local.is_file() else None
-    env = [name for name in os.environ.get(ALLOWED_TARGETS_ENV, "").split(",") if name]
-    return (*ALLOWED_TARGETS, *(str(name) for name in extra or []), *env)
-
+# --- The trust boundary -------------------------------------------------------------------------------
+# The command line, the repository's conf/ (conf/local/ included) and the environment are code the user
+# runs, as the .py files beside them are: they may name any class, Hydra's plugins included. What a run did
+# not write for itself is data: a checkpoint from elsewhere (its stored configs and hyperparameters),
+# summary.json and run.json, shard metadata, downloads, image folders. Data never chooses what code runs: a
+# `_target_` read from it must be a class that a yaml file of conf/ names, or it is refused in one line.
 
 #: A `_target_: <import path>` line in a yaml file.
 _TARGET_LINE = re.compile(r"^\s*_target_:\s*['\"]?([A-Za-z_][\w.]*)['\"]?\s*(?:#.*)?$", re.MULTILINE)
 
 
 def conf_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
-    """Every class the repository's own `conf/` names by `_target_`: code the user put there, trusted
-    as the `.py` files beside it are (your LightningModule, a library's net), by exact name."""
+    """Every class the repository's own `conf/` names by `_target_` (by exact name): the classes that data
+    (a checkpoint) may name."""
     return frozenset(
         match[1] for path in conf_dir.rglob("*.yaml") for match in _TARGET_LINE.finditer(path.read_text())
     )
 
 
-def is_allowed(target: str, allowed: Sequence[str]) -> bool:
-    """`target` is named in `conf/`, or is under an allowed name and so is the object it finds:
-    `lightspeed.x.shutil.copyfile` starts with an allowed name but is shutil's function, reached through
-    a module's attribute. (Only a name under an allowed one is ever imported.)"""
-    if target in conf_targets():
-        return True
-    if not _under(target, allowed):
-        return False
-    try:
-        found = get_object(target)
-    except Exception:  # not found: instantiating it fails with Hydra's own message
-        return True
-    module, name = getattr(found, "__module__", None), getattr(found, "__qualname__", None)
-    homes = (*allowed, "lightning")  # Lightning's classes live deeper than the names they are exported as
-    return isinstance(module, str) and isinstance(name, str) and _under(f"{module}.{name}", homes)
-
-
-def _under(target: str, allowed: Sequence[str]) -> bool:
-    return any(target == name or target.startswith(name.rstrip(".") + ".") for name in allowed)
-
-
-def _refuse(name: str, target: Any) -> ConfigError:
-    return ConfigError(
-        f"{name}={target} is not allowed: configs may instantiate lightspeed.*, Lightning's Trainer, "
-        "callbacks, loggers, strategies, profilers and plugins, datetime.timedelta, the classes a yaml "
-        "file of conf/ names, and what allowed_targets lists in conf/local/default.yaml: add a name you "
-        "trust there"
-    )
-
-
-def validate_targets(cfg: DictConfig, local: Path = LOCAL_CONFIG) -> None:
-    """Refuse, in one line, any `_target_` (or `module`) outside the allow-list, and `allowed_targets`
-    set anywhere but conf/local/default.yaml. (Values a resolver makes are checked again as they are
-    instantiated: `check_node`.)"""
-    stored = OmegaConf.load(local).get("allowed_targets") if local.is_file() else None
-    if "allowed_targets" in cfg and cfg.allowed_targets != stored:
-        raise ConfigError(
-            "allowed_targets can only be set in conf/local/default.yaml (your machine's file, not the "
-            "command line or a shared config): move it there"
-        )
-    allowed = allowed_targets(local)
-    container = OmegaConf.to_container(cfg, resolve=False)
-    for key, target in [("module", cfg.get("module")), *_targets(container, "")]:
-        if target is not None and not is_allowed(str(target), allowed):
-            raise _refuse("module" if key == "module" else f"{key}._target_", target)
-
-
-def check_node(node: Any, where: str) -> None:
-    """The allow-list on a node as it is about to be instantiated, interpolations resolved."""
-    container = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-    allowed = allowed_targets()
-    for key, target in _targets(container, f"{where}."):
-        if not is_allowed(str(target), allowed):
-            raise _refuse(f"{key}._target_", target)
-
-
-#: What Hydra itself may instantiate from its own node (callbacks, launcher, sweeper, logging handlers).
-HYDRA_ALLOWED = ("hydra", "logging", "lightspeed")
-
-
-def validate_hydra_node(hydra_node: Any) -> None:
-    """Hydra instantiates its callbacks, launcher and sweeper (`_target_`), and Python's logging the
-    handlers' `class` and `()` factories, before the task runs: the same allow-list, with Hydra's and
-    logging's own classes."""
-    container = (
-        OmegaConf.to_container(hydra_node, resolve=False) if OmegaConf.is_config(hydra_node) else hydra_node
-    )
-    allowed = (*HYDRA_ALLOWED, *allowed_targets())
-    for key, target in _targets(container, "hydra.", keys=("_target_", "()", "class")):
-        if isinstance(target, str) and not is_allowed(target, allowed):
-            raise _refuse(key if key.endswith((".class", ".()")) else f"{key}._target_", target)
+def check_data_targets(node: Any, where: str) -> None:
+    """Refuse, in one line, a `_target_` anywhere in `node`, read from data (`where`: a checkpoint's
+    config or hyperparameters), that names a class no yaml file of conf/ names."""
+    container = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
+    known = conf_targets()
+    for key, target in _targets(container, ""):
+        if not isinstance(target, str) or target not in known:
+            raise ConfigError(
+                f"{where} names {key}._target_={target}, a class that no yaml file of conf/ names: data "
+                "cannot choose what code runs; name it in conf/ (a conf/model/ or conf/data/ option) if you "
+                "trust it"
+            )
 
 
 def _targets(node: Any, path: str, keys: Sequence[str] = ("_target_",)) -> list[tuple[str, Any]]:
@@ -452,8 +378,13 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
     known = set(OmegaConf.load(CONF_DIR / f"{config_name}.yaml").keys()) | {
         p.name for p in CONF_DIR.iterdir() if p.is_dir()
     }
-    known = (known | {"allowed_targets"}) - {"defaults", "hydra"}
+    known = known - {"defaults", "hydra"}
     for key in cfg:
+        if key == "allowed_targets":  # an allow-list of earlier versions
+            raise ConfigError(
+                "allowed_targets is no longer needed: the command line and conf/ may name any class; remove "
+                "it (from conf/local/default.yaml)"
+            )
         if key not in known:
             raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
 
@@ -492,15 +423,20 @@ def _expanded(node: Any, sizes: dict[int, int]) -> int:
     return sizes[id(node)]
 
 
-def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
-    """Refuse `group=option` overrides whose option has no file, and folder names that would leave their
-    folder, in one line, before Hydra composes and makes the run folder (Hydra's own message for a
-    missing option is a dozen lines and exits with 1)."""
+def check_folder_names(cfg: DictConfig) -> None:
+    """Each of FOLDER_KEYS, as resolved (with Hydra's node), is one folder's name: no separator, not `.`
+    or `..`. (`hydra.output_subdir` may be null: no .hydra folder.)"""
     ok, allowed = _folder_name()
-    for arg in args:
-        key, _, value = arg.lstrip("+~").partition("=")
-        if key in FOLDER_KEYS and "$" not in value and not ok(value):
-            raise ConfigError(f"{key}={value!r} is invalid: use {allowed}")
+    for key in FOLDER_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and not ok(value):
+            said = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+            raise ConfigError(f"{key}={said!r} (as resolved) is invalid: use {allowed}")
+
+
+def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
+    """Refuse `group=option` overrides whose option has no file, in one line, before Hydra composes (its
+    own message for a missing option is a dozen lines and exits with 1)."""
     for arg in args:
         match = re.fullmatch(r"([A-Za-z_][\w/]*)=([\w.,-]+)", arg)
         if not match or match[1].startswith("hydra") or not (conf_dir / match[1]).is_dir():

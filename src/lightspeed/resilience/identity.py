@@ -51,7 +51,6 @@ NOT_IDENTITY = (
     "test_after_fit",
     "monitor.check_mode",  # a check of the settings, not a setting
     "logger",
-    "allowed_targets",
     "data.num_workers",
     "data.pin_memory",
     "data.persistent_workers",

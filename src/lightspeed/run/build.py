@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightspeed import CONF_DIR
 from lightspeed.compat import hooks
 from lightspeed.compat.callbacks import ModelCheckpoint
-from lightspeed.core.config import ConfigError, check_node
+from lightspeed.core.config import ConfigError
 from lightspeed.models import nets
 from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
@@ -43,11 +43,9 @@ _BINDING = re.compile(
 
 
 def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
-    """Hydra's instantiate, after the allow-list (on the node as resolved: a resolver can make a
-    `_target_`), with a refusal of the settings in one line naming the config node `where`: Lightning's
-    MisconfigurationException, or keys that do not fit the constructor's arguments. Any other error in
-    a constructor (a bug in it) keeps its traceback; a ConfigError passes through as itself."""
-    check_node(node, where)
+    """Hydra's instantiate, with a refusal of the settings in one line naming the config node `where`:
+    Lightning's MisconfigurationException, or keys that do not fit the constructor's arguments. Any other
+    error in a constructor (a bug in it) keeps its traceback; a ConfigError passes through as itself."""
     try:
         return _instantiate(node, **kwargs)
     except InstantiationException as err:
@@ -143,7 +141,6 @@ def _named(choices: dict[str, Any], group: str, cls: Any) -> str:
 
 
 def _import(node: Any, where: str) -> Any:
-    check_node(node, where)  # before anything is imported
     try:
         return get_object(str(node.get("_target_")))  # a class, or a function that makes one
     except (ImportError, ValueError, AttributeError) as err:

@@ -20,13 +20,13 @@ from omegaconf.errors import OmegaConfBaseException
 from lightspeed import CONF_DIR
 from lightspeed.core.config import (
     ConfigError,
+    check_folder_names,
     check_group_choices,
     check_known_keys,
     check_yaml_sizes,
     exit_on_config_error,
     flat_keys,
     unknown_key,
-    validate_hydra_node,
 )
 from lightspeed.core.logs import route_to_run_log
 from lightspeed.resilience.identity import register_resolver
@@ -52,26 +52,61 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
     return main
 
 
+#: Hydra's flags that run no task (they print, or complete a shell): nothing to check before them.
+_NO_RUN = {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc"}
+#: Flags that take a value: the value is not an override.
+_WITH_VALUE = {
+    "--config-dir",
+    "-cd",
+    "--config-name",
+    "-cn",
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--info",
+    "-i",
+}
+
+
 def check_composes(config_name: str, args: list[str]) -> None:
-    """Compose the config as Hydra will, and turn what Hydra would print as a dozen lines (a mistyped
-    key, an override it cannot parse) into one ConfigError line; check what Hydra itself instantiates
-    (its callbacks, launcher, logging) against the allow-list. A sweep's (`-m`) swept overrides are left
-    out (each job checks its own values); other flags (`--cfg`, `--help`, ...) are left to Hydra."""
-    sweep = any(a in ("-m", "--multirun") or a.lstrip("+").startswith("hydra.mode=") for a in args)
-    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
+    """Compose the config as Hydra will, with the same flags (`-m`, `-r`, `--config-dir`, `--config-name`),
+    and turn what Hydra would print as a dozen lines (a mistyped key, an override it cannot parse) into one
+    ConfigError line; check the names that become folders as resolved, before Hydra makes any. A sweep's
+    (`-m`) swept overrides are left out (each job checks its own values)."""
+    flags, overrides, extra_dirs = set(), [], []
+    rest = iter(args)
+    for arg in rest:
+        flag, eq, value = arg.partition("=")
+        if not arg.startswith("-"):
+            overrides.append(arg)
+            continue
+        flags.add(flag)
+        if flag in _WITH_VALUE and not eq:
+            value = next(rest, "")
+        if flag in ("--config-dir", "-cd"):
+            extra_dirs.append(str(Path(value).resolve()))
+        elif flag in ("--config-name", "-cn"):
+            config_name = value
+        elif flag in ("--config-path", "-cp"):
+            raise ConfigError(f"{flag} is not supported here: use --config-dir <folder> to add configs")
+        elif flag == "--experimental-rerun":  # it unpickles a file: data must not choose code
+            raise ConfigError("--experimental-rerun is not supported: it unpickles a file; rerun the command")
+    if flags & _NO_RUN:
         return
-    overrides = [a for a in args if not a.startswith("-")]
+    sweep = bool(flags & {"-m", "--multirun"}) or any(a.lstrip("+").startswith("hydra.mode=") for a in args)
     if sweep:
         overrides = [a for a in overrides if not _swept(a) and not a.lstrip("+").startswith("hydra.mode=")]
+    search = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in extra_dirs)}]"] if extra_dirs else []
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+            cfg = compose(config_name, overrides=[*search, *overrides], return_hydra_config=True)
+        check_folder_names(cfg)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(composition_error(err, overrides, config_name)) from None
     finally:
         GlobalHydra.instance().clear()
-    validate_hydra_node(cfg.hydra)
     with open_dict(cfg):
         del cfg.hydra
     check_known_keys(cfg, config_name)

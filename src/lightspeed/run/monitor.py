@@ -14,7 +14,7 @@ from hydra.utils import get_object
 from lightning.pytorch.utilities import rank_zero_warn
 from omegaconf import DictConfig, open_dict
 
-from lightspeed.core.config import ConfigError, check_node
+from lightspeed.core.config import ConfigError
 
 #: Without a config value and without the module's own default: Lightning's convention.
 FALLBACK = {"metric": "val/loss", "mode": "min"}
@@ -50,7 +50,6 @@ def declared(cfg: DictConfig) -> dict[str, Any] | None:
     node = cfg.get("model")
     if node is None or "_target_" not in node:
         return None
-    check_node({"_target_": node._target_}, "model")  # before anything is imported
     try:
         found = getattr(get_object(str(node._target_)), "monitor", None)
     except (ImportError, ValueError, AttributeError):

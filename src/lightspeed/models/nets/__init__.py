@@ -7,8 +7,8 @@ shapes it is built for in a class attribute, `example_input_shapes` (e.g. `((1, 
 Or any `nn.Module` class by import path, as Hydra names it: `model.net._target_=mypackage.MyNet` (its
 own keyword arguments beside it), yours or a library's, with no wrapper file. Either way the net gets what
 the model passes from the data (`input_shape`, `num_outputs`, `vocab_size`, ...) where its constructor
-takes them. A `_target_` passes the same allow-list as every config (`lightspeed.core.config`): a
-checkpoint, whose hyperparameters name its net, cannot import or run other code.
+takes them. It must be an nn.Module class. A checkpoint's hyperparameters name its net: `make eval` lets
+a checkpoint name only classes that conf/ names (`lightspeed.core.config.check_data_targets`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from hydra.utils import get_object
 from torch import nn
 
-from lightspeed.core.config import ConfigError, check_node
+from lightspeed.core.config import ConfigError
 
 NETS: dict[str, type[nn.Module]] = {}
 
@@ -56,7 +56,6 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
     passed where the constructor takes it (a key set in `spec` wins)."""
     kwargs = dict(spec)
     if "_target_" in kwargs:
-        check_node(kwargs, "model.net")  # a checkpoint's hyperparameters name it: only allowed code
         target = kwargs.pop("_target_")
         try:
             cls = get_object(str(target))
