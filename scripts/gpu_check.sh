@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU check in one call of at most ~8 minutes, for a machine with an NVIDIA GPU; results go to
-# $OUT (default ./gpu_out): gpu_check.log (every step's output, in order), doctor.json,
-# bench8/bench.md, benchgpt/bench.md (a 6-layer decoder-only transformer, experiment=sort_gpt made
-# GPU-sized) and bench20/bench.md (+ .png), ops.txt and trace.json.gz (profiled steady-state steps);
-# the data paths' samples/s (bench_data) are in the log. LitData (data=shards) is not on the lent machine:
-# its tests skip there and bench_data leaves the streamed rows out.
+# $OUT (default ./gpu_out): gpu_check.log (every step's output, in order; the gpu-marked tests of
+# tests/test_gpu.py first), doctor.json, bench8/bench.md, benchgpt/bench.md (a 6-layer decoder-only
+# transformer, experiment=sort_gpt made GPU-sized) and bench20/bench.md (+ .png), ops.txt and
+# trace.json.gz (profiled steady-state steps); the data paths' samples/s (bench_data) are in the log.
+# LitData (data=shards) is not on the lent machine: its tests skip there and bench_data leaves the
+# streamed rows out.
 #
 # The lent H200 (../shared/gpu-notes.md) has torch, lightning, torchmetrics, rich, scikit-learn, pytest
 # and pytest-xdist, and no network; hydra-core, omegaconf and antlr4 travel as wheels. Once, here:
@@ -50,8 +51,10 @@ step versions 30 bash -c "date -u; nvidia-smi --query-gpu=name,driver_version,me
   $PY -c 'import torch, lightning, hydra, lightspeed; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \
   \"lightning\", lightning.__version__, \"hydra\", hydra.__version__, \"lightspeed from\", lightspeed.__file__)'"
 step doctor 45 "$PY" -m lightspeed.doctor --json "$OUT/doctor.json"
-# the recompile and sync-count tests run on the GPU here, the latter with set_sync_debug_mode("warn")
-step tests 120 "$PY" -m pytest -q -m "not slow" -p no:cacheprovider $XDIST tests
+# the gpu-marked tests: sync debug mode `error` in steady steps, no recompile under inductor, channels_last
+# and bf16 in effect (tests/test_gpu.py); then the fast suite on the GPU (the sync count there with "warn")
+step gpu_tests 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_gpu.py
+step tests 120 "$PY" -m pytest -q -m "not slow and not gpu" -p no:cacheprovider $XDIST tests
 # bench.md is rewritten after every round of configs: a bench cut short still leaves its table
 step bench_resnet8 170 "$PY" -m lightspeed.bench --steps 200 --repeats 2 --out "$OUT/bench8" \
   --configs hand+off,off,hand,default,hand+max,max "${BENCH[@]}"

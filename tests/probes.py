@@ -346,6 +346,66 @@ class ReadsLoss(Classifier):
         return loss
 
 
+class SyncErrors(L.Callback):
+    """On a CUDA device, torch's sync debug mode set to `error` for each training batch that neither logs
+    nor opens or closes an epoch (the batches `SyncCounter` allows nothing in), from its
+    `on_train_batch_start` to the next batch's: any synchronising call there (a value read to the host, a
+    blocking copy, a mask that torch must count) raises where it is made, with its traceback.
+    `clean_batches` counts the batches so watched."""
+
+    def __init__(self) -> None:
+        self.clean_batches = 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        trainer.callbacks.remove(self)  # first in line, as SyncCounter
+        trainer.callbacks.insert(0, self)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        edge = batch_idx in (0, trainer.num_training_batches - 1)
+        logs = (trainer.global_step + 1) % trainer.log_every_n_steps == 0  # Lightning's should_update_logs
+        clean = not edge and not logs
+        self.clean_batches += clean
+        torch.cuda.set_sync_debug_mode("error" if clean else "default")
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        torch.cuda.set_sync_debug_mode("default")  # also after a failed run
+
+
+class LayoutProbe(L.Callback):
+    """What the net's last 2-D convolution (its input has channels to lay out, unlike a first layer's
+    single one) is given and gives in the second training step, eagerly (no torch.compile): whether its
+    input and its weight are strictly channels_last (NHWC strides, not NCHW ones), and the dtype of its
+    output (bfloat16 under bf16-mixed autocast)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+        self._handle: Any = None
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == 1 and self._handle is None:
+            conv = [m for m in pl_module.modules() if isinstance(m, torch.nn.Conv2d)][-1]
+            self._handle = conv.register_forward_hook(self._record)
+
+    def _record(self, conv: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
+        def nhwc(t: torch.Tensor) -> bool:
+            return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+        self.seen = {
+            "device": output.device.type,
+            "input_channels_last": nhwc(args[0]),
+            "weight_channels_last": nhwc(conv.weight),
+            "output_dtype": output.dtype,
+        }
+        self._handle.remove()
+
+
 class CompileProbe(L.Callback):
     """How many frames torch.compile compiled inside each training batch (`train`, one entry a batch)
     and inside each validation run (`val`, one entry a validation, the sanity check included)."""
