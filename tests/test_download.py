@@ -19,6 +19,7 @@ import pytest
 import torch
 from hydra.utils import get_object
 
+from conftest import LIMIT
 from fakes import Server, fake_downloads, fake_file, idx_bytes, serving, tarball
 from lightspeed.data import download
 from lightspeed.data.download import DownloadError, Remote, extract, fetch
@@ -337,3 +338,46 @@ def test_eval_refuses_a_checkpoint_whose_data_names_code_outside_the_allow_list(
     err = capsys.readouterr().err
     assert exit_.value.code == 2
     assert "error: tampered.ckpt's data config names data._target_=shutil.rmtree, a class that no yaml" in err
+
+
+def test_a_checkpoint_s_data_config_holds_plain_values_and_chooses_no_place(
+    train_cfg, eval_cfg, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A resolver in the stored data config would build and call objects when eval merges it; where data is
+    kept and fetched from would let a checkpoint choose the folder eval writes into and the server it
+    downloads from. A resolver and a fixed folder are refused (data.data_dir names one); the mirrors are
+    this machine's whatever the checkpoint says."""
+    from lightspeed.data.cifar10 import CIFAR10DataModule
+    from lightspeed.eval import run as evaluate
+    from lightspeed.resilience.identity import DATA_CONFIG_KEY
+    from lightspeed.train import train
+
+    result = train(train_cfg("trainer.max_epochs=1", "model=mlp", "callbacks.rich_progress_bar=null"))
+    state = torch.load(result.best_checkpoint, weights_only=True)
+    marker = tmp_path / "PWNED"
+    state[DATA_CONFIG_KEY]["augment"] = f"${{oc.create:{{_target_: os.makedirs, _args_: ['{marker}']}}}}"
+    torch.save(state, tmp_path / "resolver.ckpt")
+    with pytest.raises(SystemExit) as exit_:
+        evaluate(eval_cfg(f"ckpt_path={tmp_path / 'resolver.ckpt'}"))
+    assert (
+        exit_.value.code == 2
+        and "resolver.ckpt's data config holds an interpolation" in capsys.readouterr().err
+    )
+    assert not marker.exists()
+
+    with fake_downloads(CIFAR10DataModule, monkeypatch):  # a CIFAR-10 run's checkpoint
+        cifar = ["data=cifar10", "model=mlp", *LIMIT, f"paths.output_dir={tmp_path / 'cifar'}"]
+        run = train(train_cfg(*cifar, "callbacks.rich_progress_bar=null"))
+    assert run.trainer.global_step > 0
+    state = torch.load(tmp_path / "cifar" / "checkpoints" / "last.ckpt", weights_only=True)
+    chosen = tmp_path / "chosen" / "by" / "ckpt"
+    state[DATA_CONFIG_KEY] |= {"data_dir": str(chosen), "mirrors": ["http://127.0.0.1:9/attacker/"]}
+    torch.save(state, tmp_path / "places.ckpt")
+    places = [f"ckpt_path={tmp_path / 'places.ckpt'}", "trainer.enable_progress_bar=false"]
+    with pytest.raises(SystemExit) as exit_:
+        evaluate(eval_cfg(*places))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "places.ckpt's data config keeps its data at a fixed path" in err
+    with fake_downloads(CIFAR10DataModule, monkeypatch):  # the attacker's mirror alone would fail to serve
+        tested = evaluate(eval_cfg(*places, f"++data.data_dir={tmp_path / 'data' / 'cifar10'}"))
+    assert "test/acc" in tested and not chosen.exists()  # where the user says; this machine's mirrors

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -253,6 +254,8 @@ def test_eval_latest_passes_over_a_torn_or_odd_summary(tmp_path: Path) -> None:
     ):
         (runs / name).mkdir()
         (runs / name / "summary.json").write_text(text)  # newer than the good one
+    (runs / "fifo").mkdir()
+    os.mkfifo(runs / "fifo" / "summary.json")  # reading it would wait forever
     assert find_checkpoint("latest", tmp_path / "logs") == good / "checkpoints" / "best.ckpt"
 
 
@@ -283,7 +286,7 @@ def test_only_jpeg_and_png_are_decoded_and_bombs_are_one_line(tmp_path: Path, mo
 
 
 def test_a_folder_changed_since_the_run_s_checkpoint_is_refused_naming_the_change(
-    train_cfg, folder: Path, capsys
+    train_cfg, folder: Path, run_dir: Path, capsys
 ) -> None:
     """Preempted, one image added, rerun: every split would be drawn anew (test images among the training
     ones) and the resume used to go on without a word."""
@@ -303,6 +306,15 @@ def test_a_folder_changed_since_the_run_s_checkpoint_is_refused_naming_the_chang
         assert err[0].startswith(
             "error: the data changed since this run's checkpoint: its training split now"
         )
+        if added == 1:  # a new run fine-tuning from it on the changed folder: its own choice, not refused
+            last = run_dir / "checkpoints" / "last.ckpt"
+            tuned = [
+                *run,
+                "run_name=tuned",
+                f"paths.output_dir={run_dir.parent / 'tuned'}",
+                f"ckpt_path={last}",
+            ]
+            assert train(train_cfg(*tuned)).trainer.global_step == 10
         for extra in folder.glob("blob/new*.png"):
             extra.unlink()
     assert train(train_cfg(*run)).trainer.global_step == 10  # the data restored: it resumes

@@ -356,15 +356,32 @@ def test_a_checkpoint_whose_tensor_claims_more_than_its_file_holds_is_passed_ove
         ["-r", "run_name=.."],  # Hydra's own flags do not skip the check
         ["--config-dir", "/tmp", "run_name=.."],
         ["-m", "run_name=..", "seed=1,2"],
+        ["-m", "run_name=ok,../../x"],  # a swept value: each job's name is checked
+        ["-m", "hydra.sweep.subdir=x,.."],
+        ["hydra.mode=MULTIRUN", "run_name=a,.."],
     ],
 )
 def test_names_that_would_leave_their_folder_are_refused_as_resolved_before_any_folder_is_made(
     args: list[str], monkeypatch
 ) -> None:
     monkeypatch.setenv("LIGHTSPEED_TEST_ESCAPE", "../..")
-    key = next(a for a in args if "=" in a and not a.startswith("seed")).lstrip("+").split("=")[0]
+    key = (
+        next(a for a in args if "=" in a and not a.startswith(("seed", "hydra.mode")))
+        .lstrip("+")
+        .split("=")[0]
+    )
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.* \(as resolved\) is invalid"):
         check_composes("train", args)  # what the command line runs before Hydra makes any folder
+
+
+def test_an_option_that_config_dir_adds_is_an_option(tmp_path: Path) -> None:
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\ntrainer:\n  max_epochs: 1\n")
+    args = ["--config-dir", str(tmp_path), "experiment=mine"]
+    check_group_choices(args)  # found in the added folder
+    check_composes("train", args)
+    with pytest.raises(ConfigError, match=r"^experiment=mine is not an option"):
+        check_group_choices(["experiment=mine"])
 
 
 def test_hydra_flags_that_would_read_other_configs_or_unpickle_are_refused() -> None:
@@ -405,6 +422,42 @@ def test_what_hydra_itself_instantiates_from_the_command_line_passes_the_checks(
     check_composes("train", ["+hydra.callbacks.x._target_=hydra.experimental.callbacks.LogJobReturnCallback"])
     check_composes("train", ["-m", "seed=1,2", "hydra/launcher=basic", "hydra/sweeper=basic"])
     check_composes("train", ["+hydra.job_logging.handlers.x.class=logging.NullHandler"])
+
+
+def test_a_checkpoint_cannot_make_the_checkpoint_callback_delete_a_file_outside_its_folder(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint is data: its ModelCheckpoint state names "previous best" files, which Lightning deletes
+    when a better one comes, after checking by the path's text alone that they are in its folder. A path
+    through `..` passed that check; restored now, only paths inside the folder once resolved are kept."""
+    from lightspeed.callbacks import ModelCheckpoint
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (folder / "epoch000-val_acc_0.5000.ckpt").write_bytes(b"x")
+    escape = str(folder / ".." / ".." / "victim.txt")
+    mine = str(folder / "epoch000-val_acc_0.5000.ckpt")
+    callback = ModelCheckpoint(dirpath=str(folder), monitor="val/acc", mode="max", save_top_k=1)
+    state = {
+        "dirpath": str(folder),
+        "monitor": "val/acc",
+        "best_model_score": torch.tensor(0.5),
+        "best_model_path": mine,
+        "kth_best_model_path": escape,
+        "kth_value": torch.tensor(-1.0),
+        "best_k_models": {escape: torch.tensor(-1.0), mine: torch.tensor(0.5)},
+        "last_model_path": escape,
+    }
+    callback.load_state_dict(state)
+    assert callback.best_k_models == {mine: torch.tensor(0.5)}
+    assert (callback.kth_best_model_path, callback.last_model_path, callback.best_model_path) == (
+        "",
+        "",
+        mine,
+    )
+    assert victim.read_text() == "keep me"
 
 
 def test_an_allow_list_of_an_earlier_version_is_one_line(train_cfg, capsys) -> None:

@@ -189,13 +189,17 @@ def test_a_checkpoint_cannot_name_code_to_run_as_its_model_or_its_net(
         ("model", "shutil.rmtree", "crafted.ckpt names model._target_=shutil.rmtree, a class that no yaml"),
         ("model", "lightspeed.resilience.checkpoint.AtomicCheckpointIO", "names model._target_=lightspeed."),
         ("net", "lightspeed.bench.main", "hyperparameters names net._target_=lightspeed.bench.main, a class"),
+        ("hparams", "this.Nothing", "hyperparameters names net._target_=this.Nothing, a class"),
+        ("module_arguments", "this.Nothing", "hyperparameters names net._target_=this.Nothing, a class"),
     ):
         crafted = {**stored, "identity": json.loads(json.dumps(stored["identity"]))}
         crafted["hyper_parameters"] = json.loads(json.dumps(stored["hyper_parameters"]))
         if where == "model":
             crafted["identity"]["config"]["model"]["_target_"] = target
-        else:
+        elif where == "net":
             crafted["hyper_parameters"]["net"] = {"_target_": target}
+        else:  # Lightning's older names for the hyperparameters, which it merges in when it loads
+            crafted[where] = {"net": {"_target_": target}}
         torch.save(crafted, tmp_path / "crafted.ckpt")
         with pytest.raises(SystemExit) as stop:
             evaluate(eval_cfg(f"ckpt_path={tmp_path / 'crafted.ckpt'}"))
@@ -328,3 +332,14 @@ def test_make_bench_runs_on_the_transformer(tmp_path: Path) -> None:
     rows = {line.split(" | ")[0].lstrip("| "): line for line in (out / "bench.md").read_text().splitlines()}
     assert {"hand", "default", "max"} <= set(rows)  # max: bf16-mixed, compiled, fused where it can
     assert "error" not in (out / "bench.md").read_text()
+
+
+def test_a_net_of_the_repository_s_models_named_on_the_command_line_is_evaluated_from_its_checkpoint(
+    train_cfg, eval_cfg
+) -> None:
+    """The checkpoint names it (data), no yaml of conf/ does: it is one of the repository's own nets, so eval
+    rebuilds it with no option."""
+    net = ["~model.net.name", "+model.net._target_=lightspeed.models.nets.mlp.MLP"]
+    result = train(train_cfg("experiment=diabetes_mlp", *net, "trainer.max_epochs=2", *QUIET))
+    tested = evaluate(eval_cfg("trainer.enable_progress_bar=false"))
+    assert tested["test/mse"] == pytest.approx(result.metrics["test/mse"], rel=1e-5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
         path = Path(ckpt_path)
         check_checkpoint_path(path)
         return path
-    runs = sorted((log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}"), key=lambda p: p.stat().st_mtime)
+    files = [p for p in (log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}") if p.is_file()]  # not a fifo
+    runs = sorted(files, key=lambda p: p.stat().st_mtime)
     for found in reversed(runs):  # newest first; runs without a best checkpoint (debug=fdr) are skipped
         try:
             record = json.loads(found.read_text())
@@ -153,15 +155,45 @@ def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
             f"data: the run's own, as saved in {ckpt.name} (conf/data differs: {identity.describe(diffs)}); "
             "pass data=... to evaluate on other data"
         )
+    check_data_targets({"data": run_data}, f"{ckpt.name}'s data config")  # a checkpoint is data
+    _check_plain(run_data, f"{ckpt.name}'s data config")
+    # Where data is kept and fetched from is this machine's, never the checkpoint's: a checkpoint chooses
+    # neither the folder eval writes into (only one under this machine's paths.*) nor a server.
+    folder = run_data.get("data_dir")
+    if folder is not None and not str(folder).startswith("${paths.") and "data.data_dir" not in given:
+        raise ConfigError(
+            f"{ckpt.name}'s data config keeps its data at a fixed path ({folder}): a checkpoint does not "
+            "choose where eval writes; pass ++data.data_dir=<where the data is> on the command line"
+        )
+    run_data = {k: v for k, v in run_data.items() if k != "mirrors"}
     keep = {k: cfg.data[k] for k in LOADER_KNOBS if k in cfg.data}  # this machine's, from the accel preset
     keep |= {
         k: cfg.data[k] for k in ("data_dir", "mirrors", "cache") if f"data.{k}" in given and k in cfg.data
     }
-    check_data_targets({"data": run_data}, f"{ckpt.name}'s data config")  # a checkpoint is data
     with open_dict(cfg):
         cfg.data = OmegaConf.merge(OmegaConf.create(run_data), keep)
     validate_common(cfg)
     return False
+
+
+#: The one interpolation a stored data config may hold: a path of this machine's (`${paths.data_dir}`).
+_PLAIN_INTERPOLATION = re.compile(r"\$\{paths\.[A-Za-z_]\w*\}")
+
+
+def _check_plain(node: Any, where: str) -> None:
+    """Data holds plain values: an interpolation other than `${paths.<key>}` (a resolver such as
+    `${oc.create:...}` builds and can call objects; chained ones grow without bound) is refused."""
+    if isinstance(node, dict):
+        for value in node.values():
+            _check_plain(value, where)
+    elif isinstance(node, list):
+        for value in node:
+            _check_plain(value, where)
+    elif isinstance(node, str) and "${" in _PLAIN_INTERPOLATION.sub("", node):
+        raise ConfigError(
+            f"{where} holds an interpolation ({node[:60]}): a checkpoint is data, its config plain values "
+            "(and ${paths.*}) only; pass the data on the command line (data=...)"
+        )
 
 
 def _data_overrides() -> list[str]:
@@ -213,7 +245,8 @@ def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L
         )
     if not cfg.get("module"):
         check_data_targets({"model": {"_target_": name}}, ckpt.name)
-    check_data_targets(stored.get("hyper_parameters") or {}, f"{ckpt.name}'s hyperparameters")
+    for key in ("hyper_parameters", "hparams", "module_arguments"):  # and Lightning's older names for them
+        check_data_targets(stored.get(key) or {}, f"{ckpt.name}'s hyperparameters")
     try:
         found = get_class(str(name))
     except (ImportError, ValueError) as err:

@@ -113,7 +113,7 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
         moved or copied names the files of the folder it is loaded in. Lightning would keep the old
         absolute paths: test the old folder's best checkpoint (or fail on it, gone), and write last-v1.ckpt
         beside last.ckpt."""
-        super().load_state_dict(_moved(state_dict, self.dirpath))
+        super().load_state_dict(_inside(_moved(state_dict, self.dirpath), self.dirpath))
         self.best_metrics = dict(state_dict.get("best_metrics") or {})
 
     def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:
@@ -164,6 +164,26 @@ def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
             state[key] = here(state[key])
     if isinstance(state.get("best_k_models"), dict):
         state["best_k_models"] = {here(k): v for k, v in state["best_k_models"].items()}
+    return state
+
+
+def _inside(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
+    """`state` with only the paths that lie in `dirpath` once resolved. A checkpoint is data: Lightning would
+    delete a "previous best" or "previous last" it names, and checks that it is the folder's by the path's
+    text alone (`<folder>/../../a-file-elsewhere` passes)."""
+    if not dirpath:
+        return state
+    root = Path(dirpath).resolve()
+
+    def ours(path: Any) -> bool:
+        return isinstance(path, str) and bool(path) and Path(path).resolve().is_relative_to(root)
+
+    state = dict(state)
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state and state[key] and not ours(state[key]):
+            state[key] = ""
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {k: v for k, v in state["best_k_models"].items() if ours(k)}
     return state
 
 

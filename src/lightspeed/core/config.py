@@ -7,16 +7,18 @@ module checks the values that Hydra cannot know about (types, ranges, what this 
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR
@@ -96,7 +98,7 @@ def _folder_name() -> tuple[Callable[[Any], bool], str]:
 
 #: Names that become folders (or a file's name: the job's log), checked as resolved before Hydra makes
 #: the run folder: an interpolation (`${oc.env:X}`) can make `..` as readily as the command line.
-FOLDER_KEYS = ("run_name", "task_name", "hydra.job.name", "hydra.output_subdir")
+FOLDER_KEYS = ("run_name", "task_name", "hydra.job.name", "hydra.output_subdir", "hydra.sweep.subdir")
 
 # key -> (predicate, what is allowed). A key that is absent from the config is not checked.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -127,7 +129,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "trainer.val_check_interval": (
         lambda v: (
             v is None
-            or isinstance(v, (str, dict))  # a time, as Lightning takes it ("00:01:00:00", {minutes: 5})
+            or isinstance(v, (str, Mapping))  # a time, as Lightning takes it ("00:01:00:00", {minutes: 5})
             or (_is_int(v) and v >= 1)
             or (_is_finite(v) and 0 < v <= 1)
         ),
@@ -191,6 +193,47 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v == "auto" or (_is_int(v) and v >= 0),
         "auto (until the step time settles) or an integer >= 0",
     ),
+    "callbacks.model_summary.max_depth": _int_at_least(-1, " (-1: every layer, 0: none)"),
+    "callbacks.rich_progress_bar.refresh_rate": _int_at_least(1, " (updates a second)"),
+    "logger.csv.save_dir": (lambda v: isinstance(v, str) and v != "", "a folder"),
+    "logger.tensorboard.save_dir": (lambda v: isinstance(v, str) and v != "", "a folder"),
+    "model.optimizer.name": (lambda v: isinstance(v, str) and v != "", "a class in torch.optim, e.g. AdamW"),
+    "model.scheduler.name": (lambda v: isinstance(v, str) and v != "", "none, cosine or onecycle"),
+    "trainer.overfit_batches": (
+        lambda v: (_is_int(v) and v >= 0) or (_is_finite(v) and 0 <= v <= 1),
+        "a number of batches >= 0, or a fraction of them from 0 to 1",
+    ),
+    "trainer.limit_train_batches": (
+        lambda v: v is None or (_is_int(v) and v >= 0) or (_is_finite(v) and 0 <= v <= 1),
+        "a number of batches >= 0, a fraction from 0 to 1, or null",
+    ),
+    "trainer.limit_val_batches": (
+        lambda v: v is None or (_is_int(v) and v >= 0) or (_is_finite(v) and 0 <= v <= 1),
+        "a number of batches >= 0, a fraction from 0 to 1, or null",
+    ),
+    "trainer.limit_test_batches": (
+        lambda v: v is None or (_is_int(v) and v >= 0) or (_is_finite(v) and 0 <= v <= 1),
+        "a number of batches >= 0, a fraction from 0 to 1, or null",
+    ),
+    "trainer.profiler": (
+        lambda v: (
+            v is None
+            or v in ("simple", "advanced", "pytorch", "xla")
+            or (isinstance(v, Mapping) and "_target_" in v)
+        ),
+        "null, simple, advanced or pytorch, or a profiler's node with _target_",
+    ),
+    "trainer.strategy": (
+        lambda v: (isinstance(v, str) and v != "") or (isinstance(v, Mapping) and "_target_" in v),
+        "a strategy's name (auto, ddp, ...) or its node with _target_",
+    ),
+    "shards.chunk_bytes": (
+        lambda v: (
+            (_is_int(v) and v > 0)
+            or (isinstance(v, str) and re.fullmatch(r"[1-9]\d*\s*[KMG]B", v) is not None)
+        ),
+        "a size like 64MB (KB, MB or GB), or a number of bytes > 0",
+    ),
     "callbacks.preemption.signals": (
         lambda v: isinstance(v, Sequence) and all(s in _SIGNALS for s in v),
         "a list of " + ", ".join(_SIGNALS),
@@ -251,29 +294,54 @@ def validate_common(cfg: DictConfig) -> None:
 # summary.json and run.json, shard metadata, downloads, image folders. Data never chooses what code runs: a
 # `_target_` read from it must be a class that a yaml file of conf/ names, or it is refused in one line.
 
-#: A `_target_: <import path>` line in a yaml file.
-_TARGET_LINE = re.compile(r"^\s*_target_:\s*['\"]?([A-Za-z_][\w.]*)['\"]?\s*(?:#.*)?$", re.MULTILINE)
-
 
 def conf_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
-    """Every class the repository's own `conf/` names by `_target_` (by exact name): the classes that data
-    (a checkpoint) may name."""
-    return frozenset(
-        match[1] for path in conf_dir.rglob("*.yaml") for match in _TARGET_LINE.finditer(path.read_text())
+    """Every class the repository's own `conf/` names by `_target_` (by exact name, as parsed: block or
+    flow style), the classes that data (a checkpoint) may name beside the repository's own models and
+    data sets."""
+    import yaml
+
+    found: set[str] = set()
+    for path in conf_dir.rglob("*.yaml"):
+        try:
+            tree = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            continue
+        found |= {t for _, t in _targets(tree, "") if isinstance(t, str) and not t.startswith("${")}
+    return frozenset(found)
+
+
+def _repository_class(target: str) -> bool:
+    """A class of the repository's own `models/` or `data/` (the user's part: an nn.Module, a
+    LightningModule or a LightningDataModule defined there), which data may name too."""
+    import lightning as L
+
+    if not target.startswith(("lightspeed.models.", "lightspeed.data.")):
+        return False
+    try:
+        found = get_object(target)
+    except Exception:
+        return False
+    home = getattr(found, "__module__", "") or ""
+    return (
+        isinstance(found, type)
+        and home.startswith(("lightspeed.models", "lightspeed.data"))
+        and issubclass(found, (torch.nn.Module, L.LightningDataModule))
     )
 
 
 def check_data_targets(node: Any, where: str) -> None:
     """Refuse, in one line, a `_target_` anywhere in `node`, read from data (`where`: a checkpoint's
-    config or hyperparameters), that names a class no yaml file of conf/ names."""
+    config or hyperparameters), that names a class no yaml file of conf/ names and that is no model, net
+    or data set of the repository's own `models/` and `data/`."""
     container = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
     known = conf_targets()
     for key, target in _targets(container, ""):
-        if not isinstance(target, str) or target not in known:
+        if not isinstance(target, str) or not (target in known or _repository_class(target)):
             raise ConfigError(
                 f"{where} names {key}._target_={target}, a class that no yaml file of conf/ names: data "
-                "cannot choose what code runs; name it in conf/ (a conf/model/ or conf/data/ option) if you "
-                "trust it"
+                "cannot choose what code runs; name it in conf/ (a conf/model/ or conf/data/ option), or on "
+                "the command line (module=...), if you trust it"
             )
 
 
@@ -345,6 +413,17 @@ def validate_devices(cfg: DictConfig) -> None:
             raise ConfigError(
                 f"trainer.devices={devices} but only {available} GPU(s) are visible: use at most {available}"
             )
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if (
+        on_cpu
+        and devices is not None
+        and not _is_int(devices)
+        and not re.fullmatch(r"auto|-?\d+", str(devices))
+    ):
+        raise ConfigError(
+            f"trainer.devices={devices} lists device indices, but this run is on the CPU: use a count of "
+            "processes (trainer.devices=1; trainer=ddp_cpu for two)"
+        )
     if _is_int(devices) and (devices == 0 or devices < -1):
         raise ConfigError(f"trainer.devices={devices} is invalid: use a count >= 1, -1 for all, or auto")
 
@@ -423,6 +502,46 @@ def _expanded(node: Any, sizes: dict[int, int]) -> int:
     return sizes[id(node)]
 
 
+def check_types(cfg: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> None:
+    """Every value of the run's config (a container, interpolations as written) has the type of its
+    default in `schema` (the same options composed without the command line's values): the defaults are
+    the schema, one for every key a user can set. A key with a rule of its own (`_RULES`: several types,
+    ranges) is checked by the rule; a default of null or `auto` says no type; null switches a key off."""
+    for key, value in cfg.items():
+        if key not in schema:
+            continue
+        name, default = f"{prefix}{key}", schema[key]
+        if isinstance(value, dict) and isinstance(default, dict):
+            check_types(value, default, f"{name}.")
+            continue
+        if isinstance(value, str) and value.startswith("${"):
+            continue  # an interpolation: its target is checked where it is set
+        if name in _RULES:
+            ok, allowed = _RULES[name]
+            if not ok(value):
+                raise ConfigError(f"{name}={value!r} is invalid: use {allowed}")
+            continue
+        if default is None or default == "auto" or value is None:
+            continue
+        kinds = (
+            ((bool,), "true or false")
+            if isinstance(default, bool)
+            else ((int,), "an integer")
+            if isinstance(default, int)
+            else ((int, float), "a number")
+            if isinstance(default, float)
+            else ((str,), "a string")
+            if isinstance(default, str)
+            else ((list,), "a list")
+            if isinstance(default, list)
+            else ((dict,), "a mapping")
+        )
+        types, said = kinds
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            was = json.dumps(default)
+            raise ConfigError(f"{name}={value!r} is invalid: use {said} (its default is {was})")
+
+
 def check_folder_names(cfg: DictConfig) -> None:
     """Each of FOLDER_KEYS, as resolved (with Hydra's node), is one folder's name: no separator, not `.`
     or `..`. (`hydra.output_subdir` may be null: no .hydra folder.)"""
@@ -435,14 +554,20 @@ def check_folder_names(cfg: DictConfig) -> None:
 
 
 def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
-    """Refuse `group=option` overrides whose option has no file, in one line, before Hydra composes (its
-    own message for a missing option is a dozen lines and exits with 1)."""
+    """Refuse `group=option` overrides whose option has no file (in conf/, or a folder `--config-dir`
+    adds), in one line, before Hydra composes (its own message for a missing option is a dozen lines and
+    exits with 1)."""
+    folders = [conf_dir] + [
+        Path(args[i + 1] if a in ("--config-dir", "-cd") and i + 1 < len(args) else a.partition("=")[2])
+        for i, a in enumerate(args)
+        if a in ("--config-dir", "-cd") or a.startswith("--config-dir=")
+    ]
     for arg in args:
         match = re.fullmatch(r"([A-Za-z_][\w/]*)=([\w.,-]+)", arg)
         if not match or match[1].startswith("hydra") or not (conf_dir / match[1]).is_dir():
             continue
         group, value = match.groups()
-        choices = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        choices = sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
         for option in value.split(","):  # a,b,c: a multirun sweep over options
             if option not in choices and option != "null":
                 raise ConfigError(

@@ -160,6 +160,10 @@ def extract(archive: Path, folder: Path, name: str) -> Path:
         )
     final = folder / name
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(f".{name}.*.extracting"):  # left by an extraction killed midway
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > DEADLINE:
+                shutil.rmtree(stale)
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{name}.", suffix=".extracting"))
     try:
         with tarfile.open(archive) as tar:

@@ -29,12 +29,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from lightspeed.core.config import ConfigError
-from lightspeed.core.files import readable
+from lightspeed.core.files import crc32, readable
 from lightspeed.data.base import SPLITS, ArrayDataModule
 from lightspeed.data.device_loader import WholeBatches, whole_batch
 
 META = "meta.json"
 IDS = "ids.pt"
+CHECKSUMS = "chunk_crc32"  # meta.json: {split: {chunk file: CRC-32}}, checked as each chunk is first read
 
 
 def _litdata() -> Any:
@@ -89,6 +90,7 @@ def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB"
             "input_scale": list(dm.input_scale) if dm.input_scale is not None else None,
             "samples": counts,
             "source": type(dm).__name__,
+            CHECKSUMS: {split: _checksums(tmp / split) for split in SPLITS},
         }
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
         readable(tmp)
@@ -105,6 +107,11 @@ def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB"
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _checksums(split: Path) -> dict[str, int]:
+    index = json.loads((split / "index.json").read_text())
+    return {c["filename"]: crc32(split / c["filename"]) for c in index["chunks"]}
 
 
 def _readable_shards(path: Path) -> dict[str, Any]:
@@ -211,6 +218,12 @@ class ShardsDataModule(ArrayDataModule):
         self._stats = meta.get("target_stats")
         self.input_scale = tuple(meta["input_scale"]) if meta.get("input_scale") is not None else None
         self.samples: dict[str, int] = meta["samples"]
+        self._checksums: dict[str, dict[str, int]] | None = meta.get(CHECKSUMS)
+        if self._checksums is None:
+            rank_zero_info(
+                f"data.path={self.path}: shards written before 2026-12-01 keep no chunk checksums, so "
+                "changed bytes go unnoticed: write them again with `make shards` to have each chunk checked"
+            )
         if isinstance(self.num_workers, int) and self.num_workers > 1:  # resolved (not `auto`)
             rank_zero_info(
                 f"data.num_workers={self.num_workers}: LitData 0.2.76 makes each loader worker past the "
@@ -252,8 +265,14 @@ class ShardsDataModule(ArrayDataModule):
     def _streaming(self, split: str, shuffle: bool) -> Any:
         litdata = _litdata()
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # the run's seed, as for the in-memory loaders
+        checked = None
+        if self._checksums is not None:
+            from lightspeed.data.checked_chunks import PyTreeLoader
+
+            checked = PyTreeLoader(self.path / split, self._checksums[split])
         dataset = litdata.StreamingDataset(
             str(self.path / split),
+            item_loader=checked,
             shuffle=shuffle,
             # training: every rank the same number of samples (DDP steps together); evaluation: all of them
             drop_last=shuffle,

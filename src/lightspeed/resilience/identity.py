@@ -207,7 +207,10 @@ class RunIdentity(L.Callback):
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        check_same_samples(checkpoint, self.ident, trainer.datamodule, "this run's checkpoint")
+        # the run's own folder only: a new run (another run_name) may fine-tune on changed data
+        path = trainer.ckpt_path
+        if path and Path(path).resolve().is_relative_to(Path(trainer.default_root_dir).resolve()):
+            check_same_samples(checkpoint, self.ident, trainer.datamodule, "this run's checkpoint")
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -226,9 +229,10 @@ class RunIdentity(L.Callback):
 
 
 def check_same_samples(checkpoint: dict[str, Any], ident: dict[str, Any], datamodule: Any, name: str) -> None:
-    """Resuming a run's own checkpoint on data whose training split has other samples (an image added to
-    the folder: every split drawn anew, test images among the training ones) would go on without a word:
-    a ConfigError naming the change. Another run's checkpoint (fine-tuning) is not checked."""
+    """Resuming a run's own checkpoint (its identity, in its folder) on data whose training split has other
+    samples (an image added to the folder: every split drawn anew, test images among the training ones)
+    would go on without a word: a ConfigError naming the change. Another run's checkpoint (fine-tuning,
+    another folder) is not checked."""
     from lightspeed.core.config import ConfigError
 
     trained, ids = checkpoint.get(TRAIN_SAMPLES_KEY), getattr(datamodule, "sample_ids", None)

@@ -45,7 +45,10 @@ _BINDING = re.compile(
 def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
     """Hydra's instantiate, with a refusal of the settings in one line naming the config node `where`:
     Lightning's MisconfigurationException, or keys that do not fit the constructor's arguments. Any other
-    error in a constructor (a bug in it) keeps its traceback; a ConfigError passes through as itself."""
+    error in a constructor (a bug in it) keeps its traceback; a ConfigError passes through as itself. The
+    node's own `_target_` is found first (`_import`), so that a name that is no class is one line too."""
+    if OmegaConf.is_config(node) and "_target_" in node:
+        _import(node, where)
     try:
         return _instantiate(node, **kwargs)
     except InstantiationException as err:
@@ -54,7 +57,7 @@ def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
             cause = cause.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        if isinstance(cause, MisconfigurationException) or (
+        if isinstance(cause, (MisconfigurationException, ImportError)) or (
             isinstance(cause, TypeError) and _BINDING.search(str(cause))
         ):
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
@@ -141,10 +144,17 @@ def _named(choices: dict[str, Any], group: str, cls: Any) -> str:
 
 
 def _import(node: Any, where: str) -> Any:
+    """The class (or function that makes one) that the node's `_target_` names, or one line saying why not."""
+    target = node.get("_target_")
+    if not isinstance(target, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", target):
+        raise ConfigError(f"{where}._target_={target!r} is not an import path: use module.Class")
     try:
-        return get_object(str(node.get("_target_")))  # a class, or a function that makes one
+        found = get_object(target)
     except (ImportError, ValueError, AttributeError) as err:
-        raise ConfigError(f"{where}._target_={node.get('_target_')} cannot be imported ({err})") from None
+        raise ConfigError(f"{where}._target_={target} cannot be imported ({err})") from None
+    if not callable(found) or inspect.ismodule(found):
+        raise ConfigError(f"{where}._target_={target} is not a class or a function: name one")
+    return found
 
 
 def _parameters(target: Any) -> dict[str, inspect.Parameter]:

@@ -13,16 +13,19 @@ import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from lightspeed import CONF_DIR
 from lightspeed.core.config import (
+    FOLDER_KEYS,
     ConfigError,
     check_folder_names,
     check_group_choices,
     check_known_keys,
+    check_types,
     check_yaml_sizes,
     exit_on_config_error,
     flat_keys,
@@ -95,13 +98,17 @@ def check_composes(config_name: str, args: list[str]) -> None:
     if flags & _NO_RUN:
         return
     sweep = bool(flags & {"-m", "--multirun"}) or any(a.lstrip("+").startswith("hydra.mode=") for a in args)
-    if sweep:
-        overrides = [a for a in overrides if not _swept(a) and not a.lstrip("+").startswith("hydra.mode=")]
+    swept = [a for a in overrides if _swept(a) or a.lstrip("+").startswith("hydra.mode=")] if sweep else []
+    overrides = [a for a in overrides if a not in swept]
     search = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in extra_dirs)}]"] if extra_dirs else []
+    choices = [o for o in overrides if _is_choice(o)]  # the options, without the command line's values
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name, overrides=[*search, *overrides], return_hydra_config=True)
+            schema = compose(config_name, overrides=[*search, *choices])
+            for job in _swept_folder_names(swept):  # each job's folder names, as that job resolves them
+                check_folder_names(compose(config_name, [*search, *overrides, job], return_hydra_config=True))
         check_folder_names(cfg)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(composition_error(err, overrides, config_name)) from None
@@ -110,6 +117,24 @@ def check_composes(config_name: str, args: list[str]) -> None:
     with open_dict(cfg):
         del cfg.hydra
     check_known_keys(cfg, config_name)
+    check_types(OmegaConf.to_container(cfg, resolve=False), OmegaConf.to_container(schema, resolve=False))
+
+
+def _is_choice(override: str) -> bool:
+    """`group=option` (or `hydra/group=option`, `~group`): picks a file of conf/, sets no value."""
+    key = override.lstrip("+~").partition("=")[0]
+    return key.startswith("hydra/") or (CONF_DIR / key).is_dir() or override.startswith("~")
+
+
+def _swept_folder_names(swept: list[str]) -> list[str]:
+    """`key=value` for each value a sweep gives a key that names a folder (`run_name=a,..`)."""
+    parser = OverridesParser.create()
+    found = []
+    for override in swept:
+        parsed = parser.parse_override(override)
+        if parsed.key_or_group in FOLDER_KEYS:
+            found += [f"{parsed.key_or_group}={value}" for value in parsed.sweep_string_iterator()]
+    return found
 
 
 def _swept(override: str) -> bool:
