@@ -25,7 +25,7 @@ from lightspeed.core.config import ConfigError, exit_on_config_error, validate_t
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.resilience import checkpoint, identity, lock, resume
-from lightspeed.run import build, monitor
+from lightspeed.run import build, monitor, tracking
 from lightspeed.run.entry import hydra_entry
 from lightspeed.speed import accel
 
@@ -114,8 +114,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             accel.report_idle(idle, accel.device_type(cfg))
             ckpt_path, start_info = resume.start(cfg, ident)
         config = build.plain_config(cfg)
-        for logger in trainer.loggers:
-            logger.log_hyperparams(config)
+        tracking.log_config(config, trainer.loggers)
+        tracking.remember(cfg, trainer.loggers)
 
         start = time.perf_counter()
         # weights_only: a checkpoint can only hold plain data; loading it never runs code

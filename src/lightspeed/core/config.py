@@ -563,12 +563,13 @@ def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
         if a in ("--config-dir", "-cd") or a.startswith("--config-dir=")
     ]
     for arg in args:
-        match = re.fullmatch(r"([A-Za-z_][\w/]*)=([\w.,-]+)", arg)
+        # a,b,c: a multirun sweep over options; [a,b]: options of one group at once (logger=[csv,mlflow])
+        match = re.fullmatch(r"([A-Za-z_][\w/]*)=\[?([\w.,-]+)\]?", arg)
         if not match or match[1].startswith("hydra") or not (conf_dir / match[1]).is_dir():
             continue
         group, value = match.groups()
         choices = sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
-        for option in value.split(","):  # a,b,c: a multirun sweep over options
+        for option in value.split(","):
             if option not in choices and option != "null":
                 raise ConfigError(
                     f"{group}={option} is not an option: use one of {', '.join(choices)} (conf/{group}/)"

@@ -1,0 +1,151 @@
+"""Tracked runs continue where they were: a rerun of the same command (resume=auto) logs into the MLflow
+run and the W&B run its first attempt opened, not into new ones. The services make the ids; they are kept
+in the run folder (`tracking.json`, written once the runs exist) and put into the loggers' nodes before
+the loggers are built. W&B logs offline where no key is set (`offline: auto`), to be uploaded later with
+`wandb sync`: a run never waits for a login prompt or a network it cannot reach."""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import get_object
+from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from omegaconf import DictConfig, open_dict
+
+TRACKING_FILE = "tracking.json"
+
+
+def _kind(node: Any) -> type | None:
+    """MLFlowLogger or WandbLogger, where the node builds one (or a subclass); else None."""
+    if node is None or "_target_" not in node:
+        return None
+    try:
+        cls = get_object(str(node._target_))
+    except (ImportError, ValueError, AttributeError):
+        return None  # building it says why, in one line
+    return next(
+        (k for k in (MLFlowLogger, WandbLogger) if isinstance(cls, type) and issubclass(cls, k)), None
+    )
+
+
+def _stored(run_dir: Path) -> dict[str, dict[str, str]]:
+    """{logger name: {"id": the tracked run's id, "at": where it lives (MLflow's tracking URI, W&B's
+    project)}}: data a run wrote for itself, read with care (anything else is no stored run)."""
+    try:
+        found = json.loads((run_dir / TRACKING_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {
+        k: {"id": v["id"], "at": v["at"]}
+        for k, v in found.items()
+        if isinstance(v, dict) and isinstance(v.get("id"), str) and isinstance(v.get("at"), str)
+    }
+
+
+def _where(node: Any, kind: type) -> str:
+    return str(node.get("tracking_uri") if kind is MLFlowLogger else node.get("project"))
+
+
+def has_wandb_key() -> bool:
+    """A W&B key set for this user: WANDB_API_KEY, or the entry `wandb login` writes into ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def continue_runs(cfg: DictConfig) -> None:
+    """Into each MLflow or W&B logger node whose id is unset, the id this run folder's earlier attempt
+    stored; W&B's `offline: auto` resolved (offline without a key, unless WANDB_MODE says otherwise)."""
+    nodes = cfg.get("logger") or {}
+    stored = _stored(Path(cfg.paths.output_dir))
+    with open_dict(cfg):
+        for name, node in nodes.items():
+            kind = _kind(node)
+            if kind is None:
+                continue
+            key = "run_id" if kind is MLFlowLogger else "id"
+            earlier = stored.get(name)
+            if node.get(key) is None and earlier is not None:
+                if earlier["at"] == _where(node, kind):
+                    node[key] = earlier["id"]
+                else:
+                    rank_zero_info(
+                        f"logger.{name}: this run's earlier attempts logged to {earlier['at']}, not "
+                        f"{_where(node, kind)}: a new tracked run there"
+                    )
+            if kind is WandbLogger and node.get("offline") == "auto":
+                node.offline = not has_wandb_key() and os.environ.get("WANDB_MODE") is None
+                if node.offline:
+                    rank_zero_info(
+                        f"logger.{name}: no W&B key (WANDB_API_KEY or `wandb login`): logging offline "
+                        f"under {node.get('save_dir')}/wandb; upload later: `wandb sync <that folder>`"
+                    )
+
+
+@rank_zero_only
+def remember(cfg: DictConfig, loggers: list[Logger]) -> None:
+    """Store the ids of the MLflow and W&B runs the loggers opened (asking for an id opens the run) in
+    `tracking.json`, whole or not at all, for the next attempt of this run."""
+    nodes = {
+        n: node for n, node in (cfg.get("logger") or {}).items() if node is not None and "_target_" in node
+    }
+    found: dict[str, dict[str, str]] = {}
+    for (name, node), logger in zip(nodes.items(), loggers, strict=False):  # built in this order
+        if isinstance(logger, MLFlowLogger) and logger.run_id:
+            found[name] = {"id": str(logger.run_id), "at": _where(node, MLFlowLogger)}
+        elif isinstance(logger, WandbLogger) and logger.version:
+            found[name] = {"id": str(logger.version), "at": _where(node, WandbLogger)}
+    run_dir = Path(cfg.paths.output_dir)
+    if not found or _stored(run_dir) == {**_stored(run_dir), **found}:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{TRACKING_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({**_stored(run_dir), **found}, indent=2) + "\n")
+    os.replace(tmp, run_dir / TRACKING_FILE)
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested keys joined with `/`, as Lightning's loggers flatten them."""
+    found: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            found |= _flat(value, f"{prefix}{key}/")
+        else:
+            found[f"{prefix}{key}"] = value
+    return found
+
+
+@rank_zero_only
+def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
+    """The resolved config into every logger, without the tracked runs' ids (which a continued run has
+    and its first attempt had not). A continued MLflow run keeps what its first attempt logged (MLflow
+    refuses to change a param): only new keys are added, and the ones this attempt changed are named."""
+    config = {**config, "logger": {n: _without_id(node) for n, node in (config.get("logger") or {}).items()}}
+    for logger in loggers:
+        if not isinstance(logger, MLFlowLogger):
+            logger.log_hyperparams(config)
+            continue
+        kept = logger.experiment.get_run(logger.run_id).data.params
+        flat = _flat(config)
+        changed = sorted(k for k, v in flat.items() if k in kept and kept[k] != str(v)[:250])
+        if changed:
+            rank_zero_info(
+                f"MLflow keeps the first attempt's values of {', '.join(changed[:5])}"
+                f"{' ...' if len(changed) > 5 else ''} (it does not change a logged param); this attempt's "
+                "are in the run folder's .hydra/config.yaml"
+            )
+        logger.log_hyperparams({k: v for k, v in flat.items() if k not in kept})
+
+
+def _without_id(node: Any) -> Any:
+    return {k: v for k, v in node.items() if k not in ("run_id", "id")} if isinstance(node, dict) else node

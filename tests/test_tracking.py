@@ -1,0 +1,235 @@
+"""Tracking: MLflow (a real `mlflow server` on 127.0.0.1, SQLite behind it) and W&B (offline, no key), one
+or several loggers at once; each gets the resolved config, the metrics and the speed report, and a run
+killed and rerun continues the tracked run its first attempt opened."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import TESTS, TINY
+from lightspeed.run.tracking import TRACKING_FILE, continue_runs
+
+RUN_DIR = "logs/train/runs/tracked"
+# Slow batches (0.3 s each), so that a kill lands after the first epoch's checkpoint and before the end
+SLOW = ["data._target_=probes.SlowDigits", "+data.delay=0.3", "trainer.max_epochs=4", "run_name=tracked"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path) -> Iterator[str]:
+    """`mlflow server` on a free port of 127.0.0.1 with a SQLite store in `tmp_path`; stopped (its
+    process group: the server and its workers, nothing else) when the test ends."""
+    pytest.importorskip(
+        "mlflow", reason="logger=mlflow needs the tracking extra (make install EXTRAS=dev,tracking)"
+    )
+    port = _free_port()
+    store = tmp_path / "server"
+    store.mkdir()
+    args = [
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{store}/mlflow.db",
+        "--artifacts-destination",
+        str(store),
+    ]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", *args, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(store / "server.log", "w"),  # noqa: SIM115 (closed with the process)
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, (store / "server.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "mlflow server did not start in 180 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _train(tmp_path: Path, args: tuple[str, ...], env: dict[str, str]) -> subprocess.Popen[str]:
+    env = {**env, "PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "lightspeed.train", *TINY, *SLOW, *args, f"paths.log_dir={tmp_path / 'logs'}"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _killed_then_rerun(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Start the run, SIGKILL it once its first checkpoint is written, rerun the same command to the end;
+    returns both attempts' output."""
+    env = dict(os.environ) if env is None else env
+    first = _train(tmp_path, args, env)
+    last = tmp_path / RUN_DIR / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 240
+    while not last.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert first.poll() is None, (
+        f"the first attempt ended before it could be killed: {first.stdout.read()[-3000:]}"
+    )
+    first.send_signal(signal.SIGKILL)
+    before, _ = first.communicate()
+    second = _train(tmp_path, args, env)
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out[-3000:]
+    assert "resum" in out.lower(), out[-3000:]
+    return before + out
+
+
+@pytest.mark.slow  # a server that starts in ~30 s here, and two attempts of a slowed run
+def test_a_killed_and_rerun_run_continues_its_mlflow_run_on_a_server(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    import mlflow
+
+    _killed_then_rerun(tmp_path, "logger=[csv,mlflow]", f"logger.mlflow.tracking_uri={mlflow_server}")
+    stored = json.loads((tmp_path / RUN_DIR / TRACKING_FILE).read_text())
+    assert stored["mlflow"]["at"] == mlflow_server
+    client = mlflow.MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("train")
+    runs = client.search_runs([experiment.experiment_id])
+    assert [r.info.run_id for r in runs] == [stored["mlflow"]["id"]]  # one run: the rerun continued it
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.info.run_name == "tracked"
+    steps = sorted({m.step for m in client.get_metric_history(run.info.run_id, "train/loss")})
+    assert min(steps) < 5 < max(steps), steps  # logged before the kill (epoch 0) and after the resume
+    assert run.data.params["seed"] == "42" and run.data.params["model/optimizer/name"] == "AdamW"
+    assert {"speed/samples_per_s", "test/acc", "val/acc"} <= set(run.data.metrics)
+    assert (tmp_path / RUN_DIR / "csv").is_dir()  # the other logger beside it
+
+
+@pytest.mark.slow  # wandb's service process starts in seconds, twice
+def test_wandb_logs_offline_without_a_key_and_a_rerun_continues_the_same_run(tmp_path: Path) -> None:
+    pytest.importorskip(
+        "wandb", reason="logger=wandb needs the tracking extra (make install EXTRAS=dev,tracking)"
+    )
+    home = tmp_path / "home"  # no ~/.netrc with a key
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {"HOME": str(home)}
+    out = _killed_then_rerun(tmp_path, "logger=wandb", env=env)
+    assert "logging offline" in out
+    stored = json.loads((tmp_path / RUN_DIR / TRACKING_FILE).read_text())
+    attempts = sorted((tmp_path / RUN_DIR / "wandb").glob("offline-run-*"))
+    # the killed attempt and the rerun, under one W&B run id (`wandb sync` puts both into one run); what
+    # the killed one had not flushed when it was killed is lost (W&B's core buffers it)
+    assert len(attempts) == 2 and all(a.name.endswith(f"-{stored['wandb']['id']}") for a in attempts)
+    records = _wandb_records(next(attempts[-1].glob("run-*.wandb")))
+    assert [r.run.run_id for r in records if r.HasField("run")] == [stored["wandb"]["id"]]
+    config = {u.key for r in records if r.HasField("config") for u in r.config.update}
+    history = {
+        i.key or "/".join(i.nested_key) for r in records if r.HasField("history") for i in r.history.item
+    }
+    assert {"seed", "model", "trainer"} <= config
+    assert {"train/loss", "speed/samples_per_s", "test/acc"} <= history
+    assert any(r.HasField("exit") for r in records)  # the rerun finished its W&B run
+
+
+def _wandb_records(path: Path) -> list:
+    """The records of a W&B run file as W&B writes them (LevelDB's log format after a 7-byte header:
+    32 KiB blocks of records, each a CRC, a length, a type: whole, first, middle, last), parsed with
+    W&B's own protobuf messages."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pos, found, part = path.read_bytes(), 32768, 7, [], b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # the block's tail is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:  # padding up to the next block
+            pos += left - 7 - length
+            continue
+        part = chunk if kind in (1, 2) else part + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            found.append(record)
+    return found
+
+
+def test_a_stored_id_is_used_only_where_it_lives_and_a_torn_file_is_no_id(tmp_path: Path) -> None:
+    """tracking.json is data the run wrote for itself: read with care; an id for another server or project
+    is not handed to this one (it would not find it)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = OmegaConf.create(
+        {
+            "paths": {"output_dir": str(run_dir)},
+            "logger": {
+                "mlflow": {
+                    "_target_": "lightning.pytorch.loggers.MLFlowLogger",
+                    "tracking_uri": "http://a",
+                    "run_id": None,
+                },
+                "wandb": {
+                    "_target_": "lightning.pytorch.loggers.WandbLogger",
+                    "project": "p",
+                    "id": None,
+                    "offline": True,
+                },
+                "csv": {"_target_": "lightning.pytorch.loggers.CSVLogger"},
+            },
+        }
+    )
+    (run_dir / TRACKING_FILE).write_text(
+        '{"mlflow": {"id": "abc", "at": "http://a"}, "wandb": {"id": "w1", "at": "q"}}'
+    )
+    continue_runs(cfg)
+    assert cfg.logger.mlflow.run_id == "abc" and cfg.logger.wandb.id is None  # project p, not q
+    cfg.logger.mlflow.run_id = None
+    (run_dir / TRACKING_FILE).write_text('{"mlflow": {"id": "ab')  # torn
+    continue_runs(cfg)
+    assert cfg.logger.mlflow.run_id is None
+
+
+def test_several_loggers_at_once_and_an_unknown_one_is_one_line(tmp_path: Path) -> None:
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    from lightspeed.core.config import ConfigError, check_group_choices
+    from lightspeed.run import build
+    from lightspeed.run.entry import compose_config
+
+    cfg = compose_config("train", ["logger=[csv,tensorboard]"], tmp_path / "logs")
+    assert [type(lg) for lg in build.loggers(cfg)] == [CSVLogger, TensorBoardLogger]
+    with pytest.raises(ConfigError, match=r"^logger=nope is not an option: use one of csv, mlflow, none, "):
+        check_group_choices(["logger=[csv,nope]"])
