@@ -15,7 +15,7 @@ import torch
 
 from conftest import LIMIT, TINY
 from lightspeed.core.config import ConfigError
-from lightspeed.core.summary import SUMMARY_FILE
+from lightspeed.core.summary import CONFIG_TREE_FILE, SUMMARY_FILE
 from lightspeed.eval import find_checkpoint
 from lightspeed.eval import run as evaluate
 from lightspeed.models.classifier import Classifier
@@ -25,9 +25,13 @@ from probes import AutocastProbe
 QUIET = [o for o in TINY if o not in LIMIT]  # TINY without its 2 epochs of a few batches
 
 
-def test_tiny_run_writes_checkpoints_logs_and_a_summary(train_cfg, run_dir: Path) -> None:
+def test_tiny_run_writes_checkpoints_logs_and_a_summary(train_cfg, run_dir: Path, capsys) -> None:
     result = train(train_cfg(*TINY))
     run = run_dir
+    # the resolved config as a tree, printed and kept: `auto`s as this run resolved them (a CPU: 32-true)
+    tree = (run / CONFIG_TREE_FILE).read_text()
+    assert "├── trainer" in tree and "precision: 32-true" in tree and "precision: auto" not in tree
+    assert "config (resolved)" in capsys.readouterr().out
     assert result.trainer.global_step == 2 * 5  # debug=limit: 2 epochs of 5 batches
     assert Path(result.best_checkpoint).parent == run / "checkpoints"
     assert (run / "checkpoints" / "last.ckpt").is_file()
@@ -53,8 +57,9 @@ def test_every_checkpoint_loads_safely_on_cpu(train_cfg, run_dir: Path) -> None:
         assert torch.equal(model.state_dict()["net.head.3.weight"], state["state_dict"]["net.head.3.weight"])
 
 
-def test_train_then_eval_tests_the_best_checkpoint(train_cfg, eval_cfg, eval_dir: Path) -> None:
+def test_train_then_eval_tests_the_best_checkpoint(train_cfg, eval_cfg, eval_dir: Path, capsys) -> None:
     result = train(train_cfg(*TINY))
+    capsys.readouterr()
     # the same 2 test batches as the run tested (debug=limit), on the weights of its best checkpoint
     metrics = evaluate(
         eval_cfg(
@@ -63,8 +68,10 @@ def test_train_then_eval_tests_the_best_checkpoint(train_cfg, eval_cfg, eval_dir
             "trainer.enable_progress_bar=false",
             "trainer.limit_test_batches=2",
             "+trainer.limit_predict_batches=2",
+            "print_config=false",
         )
     )
+    assert "config (resolved)" not in capsys.readouterr().out and (eval_dir / CONFIG_TREE_FILE).is_file()
     assert metrics["test/acc"] == pytest.approx(
         result.metrics["test/acc"], abs=1e-6
     )  # same split, same weights

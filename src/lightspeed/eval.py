@@ -99,10 +99,11 @@ def run(cfg: DictConfig) -> dict[str, float]:
         trainer = build.trainer(cfg)
         accel.report_idle(idle, accel.device_type(cfg))
 
+    run_dir = Path(cfg.paths.output_dir)
+    summary.config_tree(build.plain_config(cfg), run_dir, show=cfg.get("print_config", True))
     with exit_on_config_error(), exit_on_failure(cfg, trainer):  # each phase ends in one line
         results = trainer.test(model, datamodule=dm, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
-    run_dir = Path(cfg.paths.output_dir)
     predictions = None
     if cfg.predict:
         with exit_on_config_error(), exit_on_failure(cfg, trainer):

@@ -114,6 +114,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             accel.report_idle(idle, accel.device_type(cfg))
             ckpt_path, start_info = resume.start(cfg, ident)
         config = build.plain_config(cfg)
+        summary.config_tree(config, Path(cfg.paths.output_dir), show=cfg.get("print_config", True))
         tracking.log_config(config, trainer.loggers)
         tracking.remember(cfg, trainer.loggers)
 

@@ -37,3 +37,31 @@ def report(title: str, run_dir: Path, facts: dict[str, Any], metrics: dict[str, 
     for key, value in metrics.items():
         table.add_row(key, f"{value:.4f}")
     Console().print(table)
+
+
+CONFIG_TREE_FILE = "config_tree.txt"
+
+
+@rank_zero_only
+def config_tree(config: dict[str, Any], run_dir: Path, show: bool = True) -> None:
+    """The resolved config as a tree, one branch a group (data, model, trainer, ...) and the run-level
+    keys first: printed at the start of a run when `show`, and always kept in the run folder (plain text,
+    beside Hydra's unresolved `.hydra/config.yaml`), so that what a run really used (every `auto` resolved)
+    can be read later."""
+    import yaml
+    from rich.syntax import Syntax
+    from rich.tree import Tree
+
+    tree = Tree("config (resolved)", guide_style="dim")
+    plain = {k: v for k, v in config.items() if not isinstance(v, dict)}
+    groups = {k: v for k, v in config.items() if isinstance(v, dict)}
+    for name, values in [("run", plain), *groups.items()]:
+        text = yaml.safe_dump(values, sort_keys=False, allow_unicode=True, default_flow_style=False).strip()
+        tree.add(f"[bold]{name}[/bold]").add(
+            Syntax(text, "yaml", theme="ansi_dark", background_color="default")
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / CONFIG_TREE_FILE).open("w") as f:
+        Console(file=f, width=110, no_color=True, force_terminal=False).print(tree)
+    if show:
+        Console().print(tree)

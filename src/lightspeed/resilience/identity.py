@@ -49,6 +49,7 @@ NOT_IDENTITY = (
     "resume",
     "ckpt_path",
     "test_after_fit",
+    "print_config",
     "monitor.check_mode",  # a check of the settings, not a setting
     "logger",
     "data.num_workers",
