@@ -22,7 +22,7 @@ STAMP := $(VENV)/.installed-$(subst $(_comma),+,$(EXTRAS))
 # make lists them last-first and escapes spaces as '\ ': keep escaped spaces inside one word.
 _space := $(subst ,, )
 _reverse = $(if $(1),$(call _reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
-_cli := $(filter-out PYTHON=% VENV=% TORCH=% EXTRAS=% WORKERS=% ARGS=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
+_cli := $(filter-out PYTHON=% VENV=% TORCH=% EXTRAS=% WORKERS=% ARGS=% RUNS=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 # Hydra's -m (--multirun) must come before the overrides: it is moved there from ARGS.
@@ -34,7 +34,7 @@ REST := $(filter-out -m --multirun,$(ARGS))
 explain = bash scripts/exit_code.sh $$? "$(1)"
 
 .DEFAULT_GOAL := help
-.PHONY: help install train eval shards doctor bench test test-full bench-data chaos gpu-check lint format clean
+.PHONY: help install train eval shards compare doctor bench test test-full bench-data chaos gpu-check lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ eval: $(STAMP)  ## test the newest run's best checkpoint (ckpt_path=... for anot
 
 shards: $(STAMP)  ## write a data set as LitData shards for data=shards (data=<name> shards.out=<folder>)
 	$(PY) -m lightspeed.shards $(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.shards)
+
+compare: $(STAMP)  ## several runs on one chart and a table: RUNS="<run name or folder> ..." (-> logs/compare.png)
+	$(PY) -m lightspeed.compare $(RUNS) $(ARGS)
 
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
 	$(PY) -m lightspeed.doctor $(ARGS)

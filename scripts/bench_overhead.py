@@ -143,6 +143,7 @@ def hand_loop(
 OFF = [
     "callbacks=none",
     "logger=none",
+    "curves=false",
     "trainer.enable_progress_bar=false",
     "trainer.enable_model_summary=false",
     "trainer.enable_checkpointing=false",

@@ -28,7 +28,12 @@ from lightspeed.run import build
 from lightspeed.run.entry import compose_config
 from lightspeed.train import train
 
-QUIET = ["callbacks.rich_progress_bar=null", "trainer.enable_progress_bar=false", "logger=none"]
+QUIET = [
+    "callbacks.rich_progress_bar=null",
+    "trainer.enable_progress_bar=false",
+    "logger=none",
+    "curves=false",
+]
 
 
 def regression(

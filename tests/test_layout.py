@@ -16,9 +16,17 @@ FLOORS: list[set[str]] = [
     {"compat"},  # the one door to Lightning's internals
     {"core"},  # config, device facts, failures, logs, summary
     {"models", "data", "testing"},  # the user's part
-    {"resilience", "speed"},  # the machinery, by concern
+    {"resilience", "speed", "report"},  # the machinery, by concern
     {"run"},  # composing the config, building the objects
-    {"train", "eval", "shards", "bench", "doctor", "callbacks"},  # the commands, and the names conf/ uses
+    {
+        "train",
+        "eval",
+        "shards",
+        "bench",
+        "doctor",
+        "compare",
+        "callbacks",
+    },  # the commands, and the names conf/ uses
 ]
 
 

@@ -62,6 +62,7 @@ RUN = [
     "++trainer.limit_val_batches=0",
     "trainer.num_sanity_val_steps=0",
     "logger=none",
+    "curves=false",
     "test_after_fit=false",
     "++callbacks.model_checkpoint=null",
     "++callbacks.early_stopping=null",

@@ -24,6 +24,7 @@ from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
 from lightspeed.core.logs import silence_known_noise
+from lightspeed.report.curves import PICTURE_FILE
 from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.run import build, monitor, tracking
 from lightspeed.run.entry import hydra_entry
@@ -156,6 +157,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             "epochs": trainer.current_epoch,
             "fit_seconds": round(fit_s, 2),
             "tested": None,
+            "curves": run_dir / PICTURE_FILE if (run_dir / PICTURE_FILE).is_file() else None,
             "config": config,
         }
         if tested:

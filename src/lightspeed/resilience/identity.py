@@ -50,6 +50,7 @@ NOT_IDENTITY = (
     "ckpt_path",
     "test_after_fit",
     "print_config",
+    "curves",
     "monitor.check_mode",  # a check of the settings, not a setting
     "logger",
     "data.num_workers",

@@ -24,6 +24,7 @@ from lightspeed.compat import hooks
 from lightspeed.compat.callbacks import ModelCheckpoint
 from lightspeed.core.config import ConfigError
 from lightspeed.models import nets
+from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.exact_resume import ExactResume
@@ -312,6 +313,8 @@ def trainer(
         ident = ident or identity.of(cfg)
         monitor.settle(cfg)
     loggers_ = loggers(cfg)
+    if cfg.get("curves", False):  # train: the run's picture, from what the loggers are given
+        loggers_.append(CurvesLogger(cfg.paths.output_dir, cfg.monitor.metric))
     configured = callbacks(cfg, bool(loggers_), ident, from_data)
     for callback in configured:  # ours to change; the caller's extra callbacks are left as given
         hooks.skip_empty(callback, Callback)

@@ -1,0 +1,133 @@
+"""`make compare RUNS="a b"`: several runs on one chart (the monitored metric and the losses against the
+step, from each run's curves.json) and a table of what each ended with (from its summary.json). A run is
+a folder, or a run name under logs/train/runs/."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from lightspeed.core.summary import SUMMARY_FILE
+from lightspeed.report.curves import load
+
+
+def find(run: str, log_dir: Path) -> Path:
+    """The run folder `run` names: a path, or a name under `log_dir/train/runs/` (or a sweep's folder)."""
+    for candidate in (Path(run), log_dir / "train" / "runs" / run):
+        if (candidate / SUMMARY_FILE).is_file():
+            return candidate
+    swept = sorted(log_dir.glob(f"train/multiruns/*/{run}/{SUMMARY_FILE}"))
+    if swept:
+        return swept[-1].parent
+    raise SystemExit(
+        f"error: RUNS: {run} is no finished run (no {SUMMARY_FILE} in {run} or {log_dir}/train/runs/{run})"
+    )
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    try:
+        found = json.loads((run_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        raise SystemExit(f"error: RUNS: {run_dir}/{SUMMARY_FILE} cannot be read: rerun that run") from None
+    return found if isinstance(found, dict) else {}
+
+
+def table(runs: dict[str, dict[str, Any]]) -> Table:
+    """One row a run: its monitored metric at the best checkpoint, its test metrics, steps and seconds."""
+    metrics = sorted(
+        {
+            k
+            for s in runs.values()
+            for k in s.get("metrics", {})
+            if k.startswith("test/") or k.endswith("@best")
+        }
+    )
+    out = Table(title="Lightspeed: runs compared", title_justify="left")
+    for column in ("run", "monitor", *metrics, "steps", "fit s"):
+        out.add_column(column, justify="left" if column in ("run", "monitor") else "right")
+    for name, facts in runs.items():
+        values = facts.get("metrics", {})
+        out.add_row(
+            name,
+            str(facts.get("monitor")),
+            *(f"{values[m]:.4f}" if isinstance(values.get(m), (int, float)) else "-" for m in metrics),
+            str(facts.get("global_step", "-")),
+            str(facts.get("fit_seconds", "-")),
+        )
+    return out
+
+
+def chart(
+    curves: dict[str, dict[str, list[list[float]]]], monitors: dict[str, str | None], out: Path
+) -> Path | None:
+    """Two panels: each run's monitored metric (validation), and each run's losses (training solid,
+    validation dashed); one colour a run."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"compare: no {out.name}: matplotlib is missing (make install EXTRAS=dev)", file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (metric_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, (name, points) in enumerate(curves.items()):
+        colour = f"C{i % 10}"
+        monitor = monitors.get(name)
+        if monitor in points:
+            metric_ax.plot(
+                *zip(*points[monitor], strict=True),
+                color=colour,
+                marker="o",
+                markersize=3,
+                label=f"{name}: {monitor}",
+            )
+        for key, style in (("train/loss", "-"), ("val/loss", "--")):
+            if key in points:
+                loss_ax.plot(
+                    *zip(*points[key], strict=True), color=colour, linestyle=style, label=f"{name}: {key}"
+                )
+    for ax, title in ((metric_ax, "monitored metric"), (loss_ax, "loss")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="make compare", description=__doc__)
+    parser.add_argument("runs", nargs="*", help="run folders or run names under logs/train/runs/")
+    parser.add_argument(
+        "--log-dir", type=Path, default=Path("logs"), help="where the runs are (paths.log_dir)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="the chart (default: <log dir>/compare.png)")
+    args = parser.parse_args(argv)
+    if len(args.runs) < 2:
+        raise SystemExit('error: RUNS names fewer than two runs: make compare RUNS="<run> <run> ..."')
+    folders = {Path(r).name: find(r, args.log_dir) for r in args.runs}
+    summaries = {name: _summary(folder) for name, folder in folders.items()}
+    monitors = {name: str(s.get("monitor") or "").split(" ")[0] or None for name, s in summaries.items()}
+    drawn = chart(
+        {n: load(f) for n, f in folders.items()}, monitors, args.out or args.log_dir / "compare.png"
+    )
+    Console().print(table(summaries))
+    if drawn is not None:
+        print(f"compare: {drawn}")
+
+
+if __name__ == "__main__":
+    main()

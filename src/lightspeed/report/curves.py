@@ -1,0 +1,154 @@
+"""Every run draws `curves.png`: the losses and the monitored metric against the step, training and
+validation, and the learning rate. The points come as a Lightning logger gets them (the values the
+other loggers write, at the steps they write them: no read of the device of its own), are kept in
+`curves.json` in the run folder (so a resumed run's picture starts at step 0) and drawn when fit and test
+end. Without matplotlib the json is kept and the picture is skipped, in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+
+CURVES_FILE = "curves.json"
+PICTURE_FILE = "curves.png"
+
+
+def load(run_dir: Path) -> dict[str, list[list[float]]]:
+    """{metric: [[step, value], ...]} as a run folder keeps it; {} for none or a torn file (data: read with
+    care, only numbers pass)."""
+    try:
+        found = json.loads((run_dir / CURVES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {
+        str(k): [[float(s), float(v)] for s, v in points]
+        for k, points in found.items()
+        if isinstance(points, list)
+        and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) for x in p)
+            for p in points
+        )
+    }
+
+
+class CurvesLogger(Logger):
+    """A logger of the run's scalars into `run_dir/curves.json`, drawn as `curves.png` by `finalize`;
+    `monitor`: the metric the run is judged by (its panel)."""
+
+    def __init__(self, run_dir: str | Path, monitor: str | None = None) -> None:
+        super().__init__()
+        self.run_dir, self.monitor = Path(run_dir), monitor
+        self.points: dict[str, list[list[float]]] = {}
+        self._started, self._failed = False, False
+
+    @property
+    def name(self) -> str:
+        return "curves"
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    @property
+    def save_dir(self) -> str:
+        return str(self.run_dir)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the config is in the run folder already."""
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if step is None:
+            return
+        if not self._started:  # an earlier attempt's points, up to where this one starts (the checkpoint)
+            self._started = True
+            self.points = {k: [p for p in v if p[0] < step] for k, v in load(self.run_dir).items()}
+        for key, value in metrics.items():
+            value = float(value)
+            if key != "epoch" and math.isfinite(value):
+                self.points.setdefault(key, []).append([step, value])
+
+    @rank_zero_only
+    def save(self) -> None:
+        """Lightning calls this after each logging step: keep the points, whole or not at all. A picture
+        is never worth a run: a write that fails (a full disk) is one warning, and the run goes on to
+        the error that matters (its checkpoint write fails too)."""
+        if not self.points or self._failed:
+            return
+        tmp = self.run_dir / f".{CURVES_FILE}.{os.getpid()}.tmp"
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self.points))
+            os.replace(tmp, self.run_dir / CURVES_FILE)
+        except OSError as err:
+            self._fail(err)
+            tmp.unlink(missing_ok=True)
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        self.save()
+        if self.points and not self._failed:
+            try:
+                draw(self.points, self.run_dir / PICTURE_FILE, self.monitor)
+            except OSError as err:
+                self._fail(err)
+
+    def _fail(self, err: OSError) -> None:
+        self._failed = True
+        rank_zero_warn(f"curves: not written ({err.strerror or err}); the run goes on without them")
+
+
+def panels(points: dict[str, Any], monitor: str | None) -> list[tuple[str, list[str]]]:
+    """(title, metrics) of each panel: the losses, the monitored metric beside its training twin (when it
+    is not a loss), the learning rates. Test metrics (one point) are left out."""
+    keys = [k for k in points if not k.startswith("test/")]
+    found = [("loss", [k for k in keys if k.rsplit("/", 1)[-1] == "loss"])]
+    if monitor and monitor in points and monitor.rsplit("/", 1)[-1] != "loss":
+        twin = "train/" + monitor.split("/", 1)[-1]
+        found.append((monitor.split("/", 1)[-1], [monitor, *([twin] if twin in points else [])]))
+    found.append(("learning rate", [k for k in keys if k.startswith("lr-")]))
+    return [(title, names) for title, names in found if names]
+
+
+def draw(points: dict[str, list[list[float]]], path: Path, monitor: str | None) -> Path | None:
+    """The panels side by side, one line a metric (validation with markers: one point an epoch)."""
+    try:
+        import matplotlib
+    except ImportError:
+        rank_zero_info(f"no {path.name}: matplotlib is missing (make install EXTRAS=dev)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = panels(points, monitor)
+    if not chosen:
+        return None
+    fig, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen), 3.2), squeeze=False)
+    for ax, (title, names) in zip(axes[0], chosen, strict=True):
+        for name in sorted(names, key=lambda n: not n.startswith("train/")):  # train first: the same colours
+            steps, values = zip(*points[name], strict=True)
+            ax.plot(steps, values, marker="o" if name.startswith("val/") else None, markersize=3, label=name)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    try:
+        fig.savefig(tmp, dpi=80)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path

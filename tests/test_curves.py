@@ -1,0 +1,74 @@
+"""Every run draws curves.png from the values its loggers are given, keeps the points in curves.json, and a
+resumed run's picture starts at step 0; curves=false draws nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY
+from lightspeed.core.summary import SUMMARY_FILE
+from lightspeed.report.curves import CURVES_FILE, PICTURE_FILE, load, panels
+from lightspeed.train import train
+from probes import Fault
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_preempted_and_resumed_draws_one_curve_from_step_0(train_cfg, run_dir: Path) -> None:
+    with pytest.raises(SystemExit):
+        train(train_cfg(*TINY, "logger=none"), [Fault("sigterm", step=7)])
+    first = load(run_dir)
+    assert max(s for s, _ in first["train/loss"]) == 6  # logged every step until the signal
+    train(train_cfg(*TINY, "logger=none"))  # resumes at step 7 (no other logger: the picture still comes)
+    points = load(run_dir)
+    steps = [s for s, _ in points["train/loss"]]
+    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 9  # each step once, 0 to 9
+    assert points["train/loss"][:7] == first["train/loss"][:7]  # the first attempt's, kept
+    assert len(points["val/acc"]) == 2 and "lr-AdamW" in points  # one validation an epoch; the LR
+    picture = (run_dir / PICTURE_FILE).read_bytes()
+    assert picture.startswith(PNG) and len(picture) > 10_000
+    assert json.loads((run_dir / SUMMARY_FILE).read_text())["curves"] == str(run_dir / PICTURE_FILE)
+
+
+def test_curves_false_draws_nothing(train_cfg, run_dir: Path) -> None:
+    train(train_cfg(*TINY, "trainer.max_epochs=1", "curves=false", "test_after_fit=false"))
+    assert not (run_dir / CURVES_FILE).exists() and not (run_dir / PICTURE_FILE).exists()
+
+
+def test_the_panels_follow_the_monitor_whatever_the_task() -> None:
+    points = {k: [[0, 1.0]] for k in ("train/loss", "val/loss", "val/mae", "train/mae", "lr-SGD", "test/mae")}
+    assert panels(points, "val/mae") == [
+        ("loss", ["train/loss", "val/loss"]),
+        ("mae", ["val/mae", "train/mae"]),
+        ("learning rate", ["lr-SGD"]),
+    ]
+    assert panels(points, "val/loss") == [("loss", ["train/loss", "val/loss"]), ("learning rate", ["lr-SGD"])]
+
+
+def test_a_torn_or_odd_curves_file_is_no_points(tmp_path: Path) -> None:
+    (tmp_path / CURVES_FILE).write_text('{"train/loss": [[0, 1.0], [1, "x"]], "val/acc": [[0, 0.5]]')
+    assert load(tmp_path) == {}
+    (tmp_path / CURVES_FILE).write_text('{"train/loss": [[0, 1.0], [1, "x"]], "val/acc": [[0, 0.5]]}')
+    assert load(tmp_path) == {"val/acc": [[0.0, 0.5]]}
+
+
+def test_make_compare_draws_two_runs_on_one_chart_and_prints_their_table(tmp_path: Path, capsys) -> None:
+    from lightspeed.compare import main as compare
+    from lightspeed.run.entry import compose_config
+
+    logs = tmp_path / "logs"
+    for lr in ("0.003", "0.0003"):
+        cfg = compose_config("train", [*TINY, f"model.optimizer.lr={lr}", "print_config=false"], logs)
+        cfg.paths.output_dir = str(logs / "train" / "runs" / f"lr{lr}")
+        train(cfg)
+    capsys.readouterr()
+    compare(["lr0.003", str(logs / "train" / "runs" / "lr0.0003"), "--log-dir", str(logs)])
+    out = capsys.readouterr().out
+    assert "lr0.003" in out and "lr0.0003" in out and "test/acc" in out
+    picture = (logs / "compare.png").read_bytes()
+    assert picture.startswith(PNG) and len(picture) > 10_000
+    with pytest.raises(SystemExit, match=r"^error: RUNS: nope is no finished run"):
+        compare(["lr0.003", "nope", "--log-dir", str(logs)])
