@@ -150,6 +150,7 @@ def test_eval_and_predict_follow_the_checkpoint_with_no_extra_option(regression)
     )  # learnt, in its units
     r2 = 1 - ((pred - targets) ** 2).sum() / ((targets - targets.mean()) ** 2).sum()
     assert float(r2) == pytest.approx(evaluated["test/r2"], abs=1e-3)  # predictions undo the standardisation
+    assert not (logs / "eval/runs/test/confusion_matrix.csv").exists()  # a classifier's, not a regressor's
 
 
 def test_a_checkpoint_that_does_not_fit_the_data_says_what_differs(regression, eval_cfg, capsys) -> None:

@@ -79,6 +79,15 @@ def test_train_then_eval_tests_the_best_checkpoint(train_cfg, eval_cfg, eval_dir
     assert facts["checkpoint"] == result.best_checkpoint
     rows = (eval_dir / "predictions.csv").read_text().splitlines()
     assert rows[0] == "index,target,pred,prob" and len(rows) == 1 + 2 * 64
+    # the classifier's confusion matrix of the same 128 test samples: its diagonal is the accuracy
+    matrix = [
+        [int(c) for c in r.split(",")[1:]]
+        for r in (eval_dir / "confusion_matrix.csv").read_text().splitlines()[1:]
+    ]
+    assert len(matrix) == 10 and sum(map(sum, matrix)) == 2 * 64
+    assert sum(matrix[i][i] for i in range(10)) / (2 * 64) == pytest.approx(metrics["test/acc"])
+    assert facts["confusion_matrix"] == str(eval_dir / "confusion_matrix.csv")
+    assert (eval_dir / "confusion_matrix.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_eval_tests_on_the_run_s_own_data_and_warns_when_it_trained_on_the_test_set(

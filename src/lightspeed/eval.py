@@ -29,6 +29,7 @@ from lightspeed.core.config import (
 from lightspeed.core.failures import exit_on_failure
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
+from lightspeed.report import confusion_matrix
 from lightspeed.resilience import checkpoint, identity
 from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, FROM_DATA_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build
@@ -104,6 +105,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     with exit_on_config_error(), exit_on_failure(cfg, trainer):  # each phase ends in one line
         results = trainer.test(model, datamodule=dm, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
+    matrix = getattr(model, "confusion_matrix", None)  # a classifier's, computed in testing
+    confusion = confusion_matrix.write(matrix, run_dir, class_names) if torch.is_tensor(matrix) else None
     predictions = None
     if cfg.predict:
         with exit_on_config_error(), exit_on_failure(cfg, trainer):
@@ -116,6 +119,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
             "checkpoint": ckpt,
             "run_dir": run_dir,
             "predictions": predictions,
+            "confusion_matrix": confusion,
             "test_samples_seen_in_training": seen,
             "config": build.plain_config(cfg),
         },

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchmetrics.classification import MulticlassConfusionMatrix
 
 from lightspeed.compat.trainer import is_last_batch, logs_this_step
 from lightspeed.models import optim
@@ -40,6 +41,9 @@ class Classifier(L.LightningModule):
         self.net = build_net(net, input_shape=input_shape, num_outputs=num_classes)
         self.example_input_array = torch.zeros(2, *input_shape)  # lets ModelSummary show shapes and FLOPs
         self.train_acc, self.val_acc, self.test_acc = Accuracy(), Accuracy(), Accuracy()
+        # testing only: rows the true class, columns the predicted one (`make eval` writes it out)
+        self.test_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
+        self.confusion_matrix: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -59,18 +63,24 @@ class Classifier(L.LightningModule):
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
 
-    def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str, acc: Accuracy) -> None:
+    def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str, acc: Accuracy) -> Tensor:
         x, y = batch
         logits = self(x)
         acc.update(logits, y)
         self.log(f"{stage}/loss", self.loss(logits, y), sync_dist=True)
         self.log(f"{stage}/acc", acc, prog_bar=True)
+        return logits
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val", self.val_acc)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "test", self.test_acc)
+        logits = self._eval_step(batch, "test", self.test_acc)
+        self.test_confusion.update(logits, batch[1])
+
+    def on_test_epoch_end(self) -> None:
+        self.confusion_matrix = self.test_confusion.compute()  # summed over DDP ranks
+        self.test_confusion.reset()
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """One row a sample in predictions.csv: these columns (class names beside `pred` and `target`

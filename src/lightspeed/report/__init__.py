@@ -1,1 +1,1 @@
-"""Pictures of runs: each run's curves (curves.py), several runs on one chart (compare.py)."""
+"""Pictures of runs: each run's curves (curves.py), the confusion matrix eval writes (confusion_matrix.py)."""
