@@ -26,7 +26,7 @@ from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.report.curves import PICTURE_FILE
 from lightspeed.resilience import checkpoint, identity, lock, resume
-from lightspeed.run import build, monitor, tracking
+from lightspeed.run import build, monitor, search, tracking
 from lightspeed.run.entry import hydra_entry
 from lightspeed.speed import accel
 
@@ -190,8 +190,18 @@ def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, flo
     return metrics.get(name) if name else None
 
 
+def train_or_search(cfg: DictConfig) -> float | None:
+    """A run, or with `hparams_search`, an Optuna search of runs; the score Hydra's sweepers read."""
+    if not cfg.get("hparams_search"):
+        return train(cfg).score
+    with exit_on_config_error():
+        validate_train(cfg)
+        monitor.settle(cfg)
+        return search.run(cfg, lambda trial_cfg, callbacks: train(trial_cfg, callbacks).score)
+
+
 #: Console entry point: `lightspeed-train` and `python -m lightspeed.train`.
-main = hydra_entry("train", lambda cfg: train(cfg).score)
+main = hydra_entry("train", train_or_search)
 
 if __name__ == "__main__":
     main()

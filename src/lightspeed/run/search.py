@@ -1,0 +1,154 @@
+"""`make train hparams_search=<name>`: an Optuna search over the run's config, driven from here (Optuna's
+ask and tell around `train()`), not through a Hydra sweeper plugin: nothing between Optuna and the runs
+to keep working across releases. The study lives in the search's run folder (SQLite), so the same
+command, killed, continues it: a trial that was running when it died is run again with the same values,
+and the sampler is seeded by the number of finished trials, so a continued search draws what an
+uninterrupted one draws. Each trial is a whole run in `<search folder>/trials/<number>`; trials whose
+validation metric falls behind are pruned (Optuna's pruner, told at every validation)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from lightspeed.core.config import ConfigError
+
+SEARCH_FILE = "search.json"
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError(
+            "hparams_search needs Optuna: make install EXTRAS=dev,search (pip install -e '.[search]')"
+        ) from None
+    return optuna
+
+
+class PruneOnValidation(L.Callback):
+    """Tells the trial the monitored metric after each validation (the sanity check left out) and stops
+    training when the pruner says the trial falls behind; `pruned` then says so."""
+
+    def __init__(self, trial: Any, metric: str) -> None:
+        self.trial, self.metric, self.pruned = trial, metric, False
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        value = trainer.callback_metrics.get(self.metric)
+        if trainer.sanity_checking or value is None:
+            return
+        self.trial.report(float(value), step=trainer.current_epoch)
+        if self.trial.should_prune():
+            self.pruned = trainer.should_stop = True
+
+
+def distribution(optuna: Any, key: str, spec: Any) -> Any:
+    """A list: a choice of values; {low, high} floats (log: true for a log scale); ints with `step`."""
+    if isinstance(spec, list) and spec:
+        return optuna.distributions.CategoricalDistribution(spec)
+    if isinstance(spec, dict) and {"low", "high"} <= set(spec):
+        low, high = spec["low"], spec["high"]
+        if isinstance(low, int) and isinstance(high, int) and not spec.get("log"):
+            return optuna.distributions.IntDistribution(low, high, step=int(spec.get("step", 1)))
+        return optuna.distributions.FloatDistribution(
+            float(low), float(high), log=bool(spec.get("log", False))
+        )
+    raise ConfigError(
+        f"hparams_search.params.{key}={spec!r} is invalid: use a list of choices, or {{low: .., high: ..}} "
+        "(log: true for a log scale; integers with step)"
+    )
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{dotted key: its range or choice}: a list or a mapping with `low` ends a key, a mapping goes on."""
+    found: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and "low" not in value and "high" not in value:
+            found |= _leaves(value, f"{prefix}{key}.")
+        else:
+            found[f"{prefix}{key}"] = value
+    return found
+
+
+def run(cfg: DictConfig, train: Any) -> float | None:
+    """Run (or continue) the search `cfg.hparams_search` describes, each trial `train(trial_cfg,
+    callbacks)`; returns the best trial's score and writes `search.json` beside the study."""
+    optuna = _optuna()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    search = cfg.hparams_search
+    folder = Path(cfg.paths.output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    metric, mode = cfg.monitor.metric, cfg.monitor.mode
+    space = {k: distribution(optuna, k, v) for k, v in _leaves(OmegaConf.to_container(search.params)).items()}
+    study = optuna.create_study(
+        study_name=str(search.study_name),
+        storage=f"sqlite:///{folder.resolve() / 'study.db'}",
+        direction="maximize" if mode == "max" else "minimize",
+        pruner=instantiate(search.pruner) if search.get("pruner") else optuna.pruners.NopPruner(),
+        load_if_exists=True,
+    )
+    for trial in study.get_trials(states=(optuna.trial.TrialState.RUNNING,)):  # killed with the search
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(trial.params)
+        rank_zero_info(f"hparams_search: trial {trial.number} was cut short: running its values again")
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    while (done := len(study.get_trials(states=finished))) < search.n_trials:
+        study.sampler = instantiate(search.sampler, seed=int(search.seed) + done)
+        trial = study.ask(space)
+        trial_cfg = _trial_config(cfg, trial.params, folder / "trials" / str(trial.number))
+        prune = PruneOnValidation(trial, metric)
+        score = train(trial_cfg, [prune])
+        if prune.pruned:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        elif score is None:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, score)
+        rank_zero_info(
+            f"hparams_search: trial {trial.number} {'pruned' if prune.pruned else score}: {trial.params}"
+        )
+    return _report(study, folder)
+
+
+def _trial_config(cfg: DictConfig, params: dict[str, Any], out: Path) -> DictConfig:
+    """The search's config with the trial's values, no search of its own, and its own run folder."""
+    trial = copy.deepcopy(cfg)
+    with open_dict(trial):
+        trial.hparams_search = None
+        for key, value in params.items():
+            OmegaConf.update(trial, key, value, force_add=True)
+        trial.paths.output_dir = str(out)
+        trial.run_name = f"{cfg.run_name}-trial{out.name}"
+    return trial
+
+
+def _report(study: Any, folder: Path) -> float | None:
+    complete = [t for t in study.trials if t.value is not None]
+    if not complete:
+        rank_zero_info("hparams_search: no trial finished with a score")
+        return None
+    best = study.best_trial
+    facts = {
+        "best_trial": best.number,
+        "best_value": best.value,
+        "best_params": best.params,
+        "best_run_dir": str(folder / "trials" / str(best.number)),
+        "trials": [
+            {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params}
+            for t in study.trials
+        ],
+    }
+    tmp = folder / f".{SEARCH_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(facts, indent=2) + "\n")
+    os.replace(tmp, folder / SEARCH_FILE)
+    run_dir = facts["best_run_dir"]
+    print(f"hparams_search: best trial {best.number} ({best.value:.4f}) {best.params}; its run: {run_dir}")
+    return float(best.value)

@@ -1,0 +1,89 @@
+"""An Optuna search from the command line (`hparams_search=<name>`): each trial a whole run, the study
+stored in the search's folder, so that a search killed midway and rerun ends as an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TESTS, run_module
+from lightspeed.run.search import SEARCH_FILE
+
+pytest.importorskip("optuna", reason="hparams_search needs the search extra (make install EXTRAS=dev,search)")
+
+SEARCH = [
+    "hparams_search=digits_optuna",
+    "hparams_search.n_trials=4",
+    "trainer.max_epochs=2",
+    "++trainer.limit_train_batches=5",
+    "++trainer.limit_val_batches=2",
+    "test_after_fit=false",
+    "callbacks.rich_progress_bar=null",
+    "trainer.enable_progress_bar=false",
+    "print_config=false",
+    "run_name=search",
+]
+
+
+def _result(logs: Path) -> dict:
+    return json.loads((logs / "train" / "runs" / "search" / SEARCH_FILE).read_text())
+
+
+@pytest.mark.slow  # two searches of 4 small runs each (~1 min)
+def test_a_search_killed_after_two_trials_and_rerun_ends_as_an_uninterrupted_one(tmp_path: Path) -> None:
+    whole = run_module("lightspeed.train", *SEARCH, f"paths.log_dir={tmp_path / 'whole'}", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = _result(tmp_path / "whole")
+    assert [t["state"] for t in expected["trials"]] == ["COMPLETE"] * 4
+
+    logs = tmp_path / "cut"
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "lightspeed.train", *SEARCH, f"paths.log_dir={logs}"]
+    first = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    third = logs / "train" / "runs" / "search" / "trials" / "2"  # two trials done, the third begun
+    deadline = time.monotonic() + 300
+    while not third.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.poll() is None, first.stderr.read().decode()[-3000:]
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    rerun = run_module("lightspeed.train", *SEARCH, f"paths.log_dir={logs}", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "trial 2 was cut short: running its values again" in rerun.stderr + rerun.stdout
+    found = _result(logs)
+    states = [t["state"] for t in found["trials"]]
+    assert states.count("COMPLETE") == 4 and states.count("FAIL") == 1  # the killed trial, run again
+    assert found["best_params"] == expected["best_params"] and found["best_value"] == expected["best_value"]
+    assert [t["params"] for t in found["trials"] if t["state"] == "COMPLETE"] == [
+        t["params"] for t in expected["trials"]
+    ]  # the same draws, in the same order
+    best = Path(found["best_run_dir"])
+    assert best.parent == logs / "train" / "runs" / "search" / "trials" and (best / "checkpoints").is_dir()
+    again = run_module("lightspeed.train", *SEARCH, f"paths.log_dir={logs}", cwd=tmp_path)  # a finished one
+    assert again.returncode == 0 and f"best trial {found['best_trial']}" in again.stdout
+    assert len(_result(logs)["trials"]) == 5  # no trial added
+
+
+def test_a_search_space_entry_that_is_no_range_or_choice_is_one_line(tmp_path: Path) -> None:
+    proc = run_module(
+        "lightspeed.train",
+        *SEARCH,
+        "hparams_search.params.model.optimizer.lr=0.1",
+        f"paths.log_dir={tmp_path}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: hparams_search.params.model.optimizer.lr=0.1 is invalid")
+    )
