@@ -221,7 +221,7 @@ def test_a_corrupt_test_image_ends_in_one_line_and_the_finished_fit_keeps_its_su
 ) -> None:
     """The fit finishes; testing meets a file that does not decode: one line (exit 2), not a traceback, and
     the fit's summary is already written, so `make eval ckpt_path=latest` finds its best checkpoint."""
-    from lightspeed.eval import find_checkpoint
+    from lightspeed.run.restore import find_checkpoint
 
     root = tmp_path / "split"
     image_folder(root / "train", per_class=12)
@@ -238,7 +238,7 @@ def test_a_corrupt_test_image_ends_in_one_line_and_the_finished_fit_keeps_its_su
 
 
 def test_eval_latest_passes_over_a_torn_or_odd_summary(tmp_path: Path) -> None:
-    from lightspeed.eval import find_checkpoint
+    from lightspeed.run.restore import find_checkpoint
 
     runs = tmp_path / "logs" / "train" / "runs"
     good = runs / "good"

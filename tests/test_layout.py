@@ -22,6 +22,7 @@ FLOORS: list[set[str]] = [
         "train",
         "eval",
         "shards",
+        "export",
         "bench",
         "doctor",
         "compare",

@@ -16,9 +16,9 @@ import torch
 from conftest import LIMIT, TINY
 from lightspeed.core.config import ConfigError
 from lightspeed.core.summary import CONFIG_TREE_FILE, SUMMARY_FILE
-from lightspeed.eval import find_checkpoint
 from lightspeed.eval import run as evaluate
 from lightspeed.models.classifier import Classifier
+from lightspeed.run.restore import find_checkpoint
 from lightspeed.train import train
 from probes import AutocastProbe
 

@@ -3,9 +3,7 @@ run was trained with, and optionally write predictions (computed under inference
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -13,7 +11,6 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_class
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -21,7 +18,6 @@ from lightspeed.compat import hooks
 from lightspeed.core import summary
 from lightspeed.core.config import (
     ConfigError,
-    check_checkpoint_path,
     check_data_targets,
     exit_on_config_error,
     validate_common,
@@ -30,44 +26,14 @@ from lightspeed.core.failures import exit_on_failure
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.report import confusion_matrix
-from lightspeed.resilience import checkpoint, identity
+from lightspeed.resilience import identity
 from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, FROM_DATA_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build
 from lightspeed.run.build import plain
 from lightspeed.run.entry import hydra_entry
+from lightspeed.run.restore import load_module
 from lightspeed.speed import accel
 from lightspeed.speed.accel import LOADER_KNOBS
-
-
-def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
-    """`latest`: the best checkpoint of the newest training run under `log_dir/train` that has one;
-    anything else is a path."""
-    if ckpt_path != "latest":
-        path = Path(ckpt_path)
-        check_checkpoint_path(path)
-        return path
-    files = [p for p in (log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}") if p.is_file()]  # not a fifo
-    runs = sorted(files, key=lambda p: p.stat().st_mtime)
-    for found in reversed(runs):  # newest first; runs without a best checkpoint (debug=fdr) are skipped
-        try:
-            record = json.loads(found.read_text())
-        except (OSError, ValueError):  # torn, unreadable, not JSON: not a run to evaluate
-            continue
-        best = record.get("best_checkpoint") if isinstance(record, dict) else None
-        if not isinstance(best, str) or not best:
-            continue
-        path = Path(best)
-        if not path.is_file() and isinstance(
-            record.get("run_dir"), str
-        ):  # the run's folder was moved: the file in it
-            with contextlib.suppress(ValueError):
-                path = found.parent / path.relative_to(record["run_dir"])
-        if path.is_file():
-            return path
-    raise ConfigError(
-        f"ckpt_path=latest found no training run with a best checkpoint under {log_dir / 'train'}: "
-        "run `make train` first, or pass ckpt_path=path/to/file.ckpt"
-    )
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -80,16 +46,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
             )
         idle = accel.resolve(cfg)
         accel.apply_to_torch(cfg)
-        ckpt = find_checkpoint(str(cfg.ckpt_path), Path(cfg.paths.log_dir))
-        # map_location="cpu": a checkpoint saved on a GPU loads on any machine; the Trainer then moves
-        # the model to whatever device this run uses. weights_only: loading never executes code.
-        with checkpoint.loading(ckpt):
-            stored = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-            module_cls = _module_class(cfg, stored, ckpt)
-            model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
-        reason = checkpoint.problem(ckpt)  # it loads: is it sound? (a NaN model scores as if it were)
-        if reason is not None:
-            raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
+        ckpt, stored, model = load_module(cfg)
         hooks.speed_up_module(model)
         given = use_run_data(cfg, stored, ckpt)
         dm = build.datamodule(cfg)
@@ -229,36 +186,6 @@ def seen_in_training(dm: L.LightningDataModule, trained_on: torch.Tensor | None,
             f"{len(trained_on)} the checkpoint was trained on: its test figures are inflated; {fix}"
         )
     return seen
-
-
-def _run_model_config(stored: dict[str, Any]) -> dict[str, Any]:
-    """The model node of the config that trained the checkpoint (empty for one saved elsewhere)."""
-    found = ((stored.get("identity") or {}).get("config") or {}).get("model")
-    return found if isinstance(found, dict) else {}
-
-
-def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L.LightningModule]:
-    """The LightningModule class that trained the checkpoint: `module` when given (the command line, code the
-    user runs), else the one its run's config names (`model._target_`: data, so only a class conf/ names),
-    after every `_target_` in its hyperparameters (its net's) passed the same check."""
-    name = cfg.get("module") or _run_model_config(stored).get("_target_")
-    where = "module" if cfg.get("module") else f"{ckpt.name}: model"
-    if not name:
-        raise ConfigError(
-            f"ckpt_path={ckpt} names no LightningModule class (saved outside Lightspeed): pass "
-            "module=<its class>, e.g. module=lightspeed.models.classifier.Classifier"
-        )
-    if not cfg.get("module"):
-        check_data_targets({"model": {"_target_": name}}, ckpt.name)
-    for key in ("hyper_parameters", "hparams", "module_arguments"):  # and Lightning's older names for them
-        check_data_targets(stored.get(key) or {}, f"{ckpt.name}'s hyperparameters")
-    try:
-        found = get_class(str(name))
-    except (ImportError, ValueError) as err:
-        raise ConfigError(f"{where}: {name} cannot be imported ({err}): pass module=<its class>") from None
-    if not (isinstance(found, type) and issubclass(found, L.LightningModule)):
-        raise ConfigError(f"{where}: {name} is not a LightningModule class: pass module=<its class>")
-    return found
 
 
 def _check_fits(model: L.LightningModule, from_data: list[str] | None, dm: L.LightningDataModule) -> None:

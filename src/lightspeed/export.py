@@ -1,0 +1,126 @@
+"""`make export ckpt_path=...`: the model a checkpoint holds, for serving without Lightspeed or Python's
+training stack: ONNX (torch's exporter; then run by onnxruntime on fresh inputs and compared with the
+module's own outputs, or the export fails in one line) and a `torch.export` program (`model.pt2`,
+loaded back and compared the same way). The batch dimension stays free in both. The inputs are shaped
+like the module's `example_input_array` (what ModelSummary uses); a module without one is one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig
+
+from lightspeed.core import summary
+from lightspeed.core.config import ConfigError, exit_on_config_error
+from lightspeed.core.logs import silence_known_noise
+from lightspeed.run.entry import hydra_entry
+from lightspeed.run.restore import load_module
+
+FORMATS = ("onnx", "torch_export")
+
+
+def example_inputs(model: L.LightningModule, batch: int) -> tuple[torch.Tensor, ...]:
+    """Random inputs shaped like the module's example, `batch` of them: floats from a normal
+    distribution, integer ids (a token model's) below the largest id the example holds, or its vocabulary."""
+    example = model.example_input_array
+    if example is None:
+        raise ConfigError(
+            f"{type(model).__name__} has no example_input_array: set one in its __init__ (a batch of inputs "
+            "of the right shape and dtype) to export it"
+        )
+    examples = example if isinstance(example, tuple) else (example,)
+    generator = torch.Generator().manual_seed(0)
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        shape = (batch, *t.shape[1:])
+        if t.is_floating_point():
+            return torch.randn(shape, generator=generator, dtype=t.dtype)
+        high = int(model.hparams.get("vocab_size") or int(t.max()) + 1)
+        return torch.randint(0, max(high, 1), shape, generator=generator, dtype=t.dtype)
+
+    return tuple(fresh(t) for t in examples)
+
+
+def _dynamic(inputs: tuple[torch.Tensor, ...]) -> tuple[dict[int, Any], ...]:
+    batch = torch.export.Dim("batch", min=1, max=65536)
+    return tuple({0: batch} for _ in inputs)
+
+
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tolerance: float) -> float:
+    worst = float((got.float() - want.float()).abs().max())
+    if not worst <= tolerance * max(1.0, float(want.float().abs().max())):
+        raise ConfigError(
+            f"{name}: its outputs differ from the checkpoint's model by {worst:.3g} (tolerance={tolerance}): "
+            "export with another opset or check the model for data-dependent control flow"
+        )
+    return worst
+
+
+def export(
+    model: L.LightningModule, out: Path, formats: list[str], batch: int, tolerance: float
+) -> dict[str, Any]:
+    """Write each format into `out`, check it on `batch` fresh inputs; what was written and how close."""
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise ConfigError(f"formats={formats} is invalid: use a list of {', '.join(FORMATS)}")
+    model = model.cpu().eval()
+    inputs = example_inputs(model, 2)
+    fresh = example_inputs(model, batch)
+    with torch.inference_mode():
+        want = model(*fresh)
+    out.mkdir(parents=True, exist_ok=True)
+    facts: dict[str, Any] = {}
+    if "torch_export" in formats:
+        program = torch.export.export(model, inputs, dynamic_shapes=_dynamic(inputs))
+        torch.export.save(program, out / "model.pt2")
+        loaded = torch.export.load(out / "model.pt2").module()
+        with torch.inference_mode():
+            facts["torch_export"] = {
+                "file": out / "model.pt2",
+                "max_difference": _compare("model.pt2", loaded(*fresh), want, tolerance),
+            }
+    if "onnx" in formats:
+        facts["onnx"] = _onnx(model, inputs, fresh, want, out / "model.onnx", tolerance)
+    return facts
+
+
+def _onnx(
+    model: L.LightningModule, inputs: tuple, fresh: tuple, want: torch.Tensor, path: Path, tolerance: float
+) -> dict[str, Any]:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ConfigError(
+            "formats=[onnx] needs onnx, onnxscript and onnxruntime: make install EXTRAS=dev,export"
+        ) from None
+    program = torch.onnx.export(model, inputs, dynamo=True, dynamic_shapes=_dynamic(inputs), verbose=False)
+    program.save(str(path))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), fresh, strict=True)}
+    got = torch.from_numpy(session.run(None, feed)[0])
+    return {"file": path, "max_difference": _compare("model.onnx", got, want, tolerance)}
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    silence_known_noise()
+    with exit_on_config_error():
+        ckpt, _, model = load_module(cfg)
+        run_dir = Path(cfg.paths.output_dir)
+        facts = export(model, run_dir, list(cfg.formats), int(cfg.check_batch), float(cfg.tolerance))
+    rows = {"checkpoint": ckpt, "run_dir": run_dir}
+    for name, found in facts.items():
+        rows[name] = (
+            f"{found['file']} (outputs within {found['max_difference']:.2g} of the checkpoint's model)"
+        )
+    summary.report("Lightspeed: export", run_dir, rows, {})
+    return facts
+
+
+#: `make export` / `python -m lightspeed.export`.
+main = hydra_entry("export", run)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""`make export`: a checkpoint's model as ONNX and as a torch.export program, each giving the module's own
+outputs on inputs of a batch size it was not exported with (checked here again, independently of the
+command's own check)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY
+from lightspeed.core.config import ConfigError
+from lightspeed.export import example_inputs
+from lightspeed.export import run as export
+from lightspeed.run.entry import compose_config
+from lightspeed.run.restore import load_module
+from lightspeed.train import train
+
+
+@pytest.mark.slow  # two small runs and two exports through torch's ONNX exporter (~30 s)
+@pytest.mark.parametrize("model", ["cnn", "mlp"])
+def test_an_exported_model_gives_the_checkpoint_s_outputs_in_onnxruntime_and_torch_export(
+    tmp_path: Path, model: str
+) -> None:
+    onnxruntime = pytest.importorskip("onnxruntime", reason="make export needs the export extra")
+    logs = tmp_path / "logs"
+    train(compose_config("train", [*TINY, f"model={model}", "print_config=false"], logs))
+    cfg = compose_config("export", [], logs)
+    facts = export(cfg)
+    _, _, module = load_module(cfg)
+    module.eval()
+    x = torch.randn(7, 1, 8, 8)  # digits' shape, a batch size neither the export nor its check used
+    with torch.inference_mode():
+        want = module(x)
+    session = onnxruntime.InferenceSession(str(facts["onnx"]["file"]), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    assert torch.allclose(torch.from_numpy(got), want, atol=1e-5)
+    program = torch.export.load(facts["torch_export"]["file"]).module()
+    assert torch.allclose(program(x), want, atol=1e-6)
+
+
+def test_a_module_without_an_example_input_is_one_line() -> None:
+    class Bare(torch.nn.Module):
+        example_input_array = None
+
+    with pytest.raises(ConfigError, match=r"^Bare has no example_input_array: set one in its __init__"):
+        example_inputs(Bare(), 3)
