@@ -86,6 +86,8 @@ TINY = [
     "callbacks.model_summary=null",
     "trainer.enable_progress_bar=false",
     "trainer.enable_model_summary=false",
+    "curves=false",  # a picture a run (~0.5 s here; tests/test_curves.py draws them)
+    "print_config=false",  # the tree is still kept in the run folder
 ]
 
 

@@ -19,10 +19,12 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_a_run_preempted_and_resumed_draws_one_curve_from_step_0(train_cfg, run_dir: Path) -> None:
     with pytest.raises(SystemExit):
-        train(train_cfg(*TINY, "logger=none"), [Fault("sigterm", step=7)])
+        train(train_cfg(*TINY, "logger=none", "curves=true"), [Fault("sigterm", step=7)])
     first = load(run_dir)
     assert max(s for s, _ in first["train/loss"]) == 6  # logged every step until the signal
-    train(train_cfg(*TINY, "logger=none"))  # resumes at step 7 (no other logger: the picture still comes)
+    train(
+        train_cfg(*TINY, "logger=none", "curves=true")
+    )  # resumes at step 7 (no other logger: the picture still comes)
     points = load(run_dir)
     steps = [s for s, _ in points["train/loss"]]
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 9  # each step once, 0 to 9
@@ -61,7 +63,7 @@ def test_make_compare_draws_two_runs_on_one_chart_and_prints_their_table(tmp_pat
 
     logs = tmp_path / "logs"
     for lr in ("0.003", "0.0003"):
-        cfg = compose_config("train", [*TINY, f"model.optimizer.lr={lr}", "print_config=false"], logs)
+        cfg = compose_config("train", [*TINY, f"model.optimizer.lr={lr}", "curves=true"], logs)
         cfg.paths.output_dir = str(logs / "train" / "runs" / f"lr{lr}")
         train(cfg)
     capsys.readouterr()

@@ -24,7 +24,7 @@ from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
 from lightspeed.core.logs import silence_known_noise
-from lightspeed.report.curves import PICTURE_FILE
+from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.run import build, monitor, search, tracking
 from lightspeed.run.entry import hydra_entry
@@ -157,7 +157,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             "epochs": trainer.current_epoch,
             "fit_seconds": round(fit_s, 2),
             "tested": None,
-            "curves": run_dir / PICTURE_FILE if (run_dir / PICTURE_FILE).is_file() else None,
+            "curves": None,
             "config": config,
         }
         if tested:
@@ -172,6 +172,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
             facts["tested"] = "best checkpoint" if best else "weights in memory"
 
+        curves = next((lg for lg in trainer.loggers if isinstance(lg, CurvesLogger)), None)
+        facts["curves"] = curves.picture() if curves is not None else None
         score = _optimized_score(cfg, trainer, metrics)
         summary.report("Lightspeed: training finished", run_dir, facts, metrics)
         return TrainResult(trainer, model, score, metrics, best)
