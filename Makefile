@@ -34,7 +34,7 @@ REST := $(filter-out -m --multirun,$(ARGS))
 explain = bash scripts/exit_code.sh $$? "$(1)"
 
 .DEFAULT_GOAL := help
-.PHONY: help install train eval shards export compare doctor bench test test-full bench-data chaos gpu-check lint format clean
+.PHONY: help install train eval viz shards export compare doctor bench test test-full bench-data chaos gpu-check lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ eval: $(STAMP)  ## test the newest run's best checkpoint (ckpt_path=... for anot
 
 shards: $(STAMP)  ## write a data set as LitData shards for data=shards (data=<name> shards.out=<folder>)
 	$(PY) -m lightspeed.shards $(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.shards)
+
+viz: $(STAMP)  ## the first layers' feature maps and the worst test predictions as PNGs (ckpt_path=..., default: latest)
+	$(PY) -m lightspeed.eval viz=true $(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.eval)
 
 export: $(STAMP)  ## a checkpoint as ONNX (checked with onnxruntime) and torch.export (ckpt_path=..., default: latest)
 	$(PY) -m lightspeed.export $(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.export)

@@ -25,7 +25,7 @@ from lightspeed.core.config import (
 from lightspeed.core.failures import exit_on_failure
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data.base import ArrayDataModule
-from lightspeed.report import confusion_matrix
+from lightspeed.report import confusion_matrix, viz
 from lightspeed.resilience import identity
 from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, FROM_DATA_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build
@@ -40,9 +40,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     silence_known_noise()
     with exit_on_config_error():
         validate_common(cfg)
-        if cfg.predict and cfg.trainer.get("devices", 1) != 1:
+        if (cfg.predict or cfg.get("viz")) and cfg.trainer.get("devices", 1) != 1:
             raise ConfigError(
-                "predict=true writes one predictions.csv from one process: add trainer.devices=1"
+                "predict=true and viz=true write their files from one process: add trainer.devices=1"
             )
         idle = accel.resolve(cfg)
         accel.apply_to_torch(cfg)
@@ -64,11 +64,16 @@ def run(cfg: DictConfig) -> dict[str, float]:
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     matrix = getattr(model, "confusion_matrix", None)  # a classifier's, computed in testing
     confusion = confusion_matrix.write(matrix, run_dir, class_names) if torch.is_tensor(matrix) else None
-    predictions = None
-    if cfg.predict:
+    predictions, found = None, viz.Intermediates() if cfg.get("viz") else None
+    if cfg.predict or found is not None:
+        if found is not None:
+            trainer.callbacks.append(found)
         with exit_on_config_error(), exit_on_failure(cfg, trainer):
-            batches = trainer.predict(model, datamodule=dm)  # the Trainer predicts under torch.inference_mode
-        predictions = _write_predictions(batches or [], run_dir / "predictions.csv", class_names)
+            # the Trainer predicts under torch.inference_mode
+            batches = trainer.predict(model, datamodule=dm, return_predictions=bool(cfg.predict))
+        if cfg.predict:
+            predictions = _write_predictions(batches or [], run_dir / "predictions.csv", class_names)
+    pictures = _pictures(found, run_dir, class_names, type(model).__name__) if found is not None else None
     summary.report(
         "Lightspeed: evaluation",
         run_dir,
@@ -77,12 +82,34 @@ def run(cfg: DictConfig) -> dict[str, float]:
             "run_dir": run_dir,
             "predictions": predictions,
             "confusion_matrix": confusion,
+            "pictures": pictures,
             "test_samples_seen_in_training": seen,
             "config": build.plain_config(cfg),
         },
         metrics,
     )
     return metrics
+
+
+def _pictures(found: viz.Intermediates, run_dir: Path, class_names: list[str] | None, name: str) -> str:
+    """viz=true: feature_maps.png and predictions.png, whichever the model has something for; one line
+    when it has neither (no convolution layers, no predict_step giving target, pred and prob)."""
+    with exit_on_config_error():
+        try:
+            import matplotlib
+        except ImportError:
+            raise ConfigError("viz=true needs matplotlib: make install EXTRAS=dev") from None
+        matplotlib.use("Agg")
+        drawn = [
+            viz.feature_maps(found, run_dir / viz.FEATURE_MAPS_FILE),
+            viz.gallery(found, run_dir / viz.GALLERY_FILE, class_names),
+        ]
+        if not any(drawn):
+            raise ConfigError(
+                f"viz=true: nothing to show for {name}: it has no convolution layers (feature maps) and its "
+                "predict_step gives no target, pred and prob (a gallery of predictions)"
+            )
+    return ", ".join(str(p) for p in drawn if p is not None)
 
 
 #: Data keys that say where and how a data set is read, not what it is: this machine's, or the command
