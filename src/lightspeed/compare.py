@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lightspeed.core.summary import SUMMARY_FILE
+from lightspeed.report import figures
 from lightspeed.report.curves import load
 
 
@@ -100,12 +100,7 @@ def chart(
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=80)
-    plt.close(fig)
-    os.replace(tmp, out)
-    return out
+    return figures.save(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

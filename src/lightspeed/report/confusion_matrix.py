@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from lightspeed.report import figures
+
 CSV_FILE = "confusion_matrix.csv"
 PICTURE_FILE = "confusion_matrix.png"
 
@@ -72,9 +74,4 @@ def _draw(counts: torch.Tensor, names: list[str], path: Path) -> None:
     ax.set_ylabel("true")
     ax.set_title("confusion matrix (test)")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=80)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
+    figures.save(fig, path)

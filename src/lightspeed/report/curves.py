@@ -15,6 +15,8 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from lightspeed.report import figures
+
 CURVES_FILE = "curves.json"
 PICTURE_FILE = "curves.png"
 
@@ -150,13 +152,4 @@ def draw(points: dict[str, list[list[float]]], path: Path, monitor: str | None) 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=80)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        plt.close(fig)
-    return path
+    return figures.save(fig, path)

@@ -6,13 +6,14 @@ wrong (for a module whose predict_step gives `target`, `pred` and `prob`: a clas
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from torch import Tensor
+
+from lightspeed.report import figures
 
 FEATURE_MAPS_FILE = "feature_maps.png"
 GALLERY_FILE = "predictions.png"
@@ -95,18 +96,6 @@ def _show(ax: Any, sample: Tensor) -> None:
         ax.plot(sample.flatten().numpy(), linewidth=0.8)
 
 
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=80)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-    return path
-
-
 def feature_maps(found: Intermediates, path: Path, channels: int = 8) -> Path | None:
     """One row an input (the input itself first), then each kept layer's first `channels` channels."""
     if not found.maps or found.first_inputs is None:
@@ -129,7 +118,7 @@ def feature_maps(found: Intermediates, path: Path, channels: int = 8) -> Path | 
                 else:
                     ax.axis("off")
     fig.suptitle("feature maps: the first convolution layers, first inputs of the test split", fontsize=8)
-    return _save(fig, path)
+    return figures.save(fig, path)
 
 
 def gallery(found: Intermediates, path: Path, class_names: list[str] | None = None) -> Path | None:
@@ -156,4 +145,4 @@ def gallery(found: Intermediates, path: Path, class_names: list[str] | None = No
         )
     fig.suptitle("test predictions, worst mistakes first", fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return figures.save(fig, path)
