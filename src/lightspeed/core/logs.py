@@ -49,6 +49,9 @@ def silence_known_noise() -> None:
     # LitData (data=shards) logs how it reads chunks and sizes its (unused, for local files) cache at INFO
     # on every loader; its warnings stay.
     logging.getLogger("litdata").setLevel(logging.WARNING)
+    # torch's ONNX exporter warns, for every export, that torchvision's detection ops are not registered
+    # when torchvision is not installed: nothing a model without them needs.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropKnownLines) for f in rank_zero_logger.filters):
         rank_zero_logger.addFilter(_DropKnownLines())
