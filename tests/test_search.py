@@ -87,3 +87,15 @@ def test_a_search_space_entry_that_is_no_range_or_choice_is_one_line(tmp_path: P
         .splitlines()[-1]
         .startswith("error: hparams_search.params.model.optimizer.lr=0.1 is invalid")
     )
+
+
+def test_a_search_over_a_multi_process_trainer_is_one_line(tmp_path: Path) -> None:
+    """Lightning relaunches the command for each extra rank: each would run its own search."""
+    proc = run_module(
+        "lightspeed.train", *SEARCH, "trainer=ddp_cpu", f"paths.log_dir={tmp_path}", cwd=tmp_path
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith("error: hparams_search cannot drive a multi-process")
+    )
+    assert not (tmp_path / "train" / "runs" / "search" / "trials").exists()

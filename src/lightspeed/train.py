@@ -198,6 +198,12 @@ def train_or_search(cfg: DictConfig) -> float | None:
         return train(cfg).score
     with exit_on_config_error():
         validate_train(cfg)
+        if cfg.trainer.get("devices", 1) != 1 or cfg.trainer.get("num_nodes", 1) != 1:
+            raise ConfigError(
+                "hparams_search cannot drive a multi-process trainer (trainer.devices or num_nodes above 1): "
+                "Lightning relaunches this command for each rank, and each would run its own search; search "
+                "on one device (trainer=cpu or trainer=gpu)"
+            )
         monitor.settle(cfg)
         return search.run(cfg, lambda trial_cfg, callbacks: train(trial_cfg, callbacks).score)
 
