@@ -21,7 +21,8 @@ def test_the_forge_workflow_runs_ci_run_on_pushes_and_pull_requests() -> None:
     runs = [step["run"] for step in job["steps"] if "run" in step]
     assert runs == ["bash .ci/run"]
     python = next(s["with"]["python-version"] for s in job["steps"] if "setup-python" in s.get("uses", ""))
-    assert python == f"{sys.version_info.major}.{sys.version_info.minor}"  # the Python the tests run on
+    oldest = re.search(r'requires-python = ">=(\d+)\.(\d+)"', (REPO / "pyproject.toml").read_text())
+    assert tuple(map(int, python.split("."))) >= tuple(map(int, oldest.groups()))  # one the project supports
     assert "make test" in (REPO / ".ci" / "run").read_text()  # the README's test command
 
 

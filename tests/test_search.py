@@ -99,3 +99,21 @@ def test_a_search_over_a_multi_process_trainer_is_one_line(tmp_path: Path) -> No
         proc.stderr.strip().splitlines()[-1].startswith("error: hparams_search cannot drive a multi-process")
     )
     assert not (tmp_path / "train" / "runs" / "search" / "trials").exists()
+
+
+def test_trials_that_fail_in_their_run_count_and_the_search_ends(tmp_path: Path) -> None:
+    """A trial whose run ends in one line (here a batch larger than the training split) is a failed trial,
+    counted: the search goes on to the next draw and ends, where it would draw the same values forever."""
+    proc = run_module(
+        "lightspeed.train",
+        *SEARCH,
+        "hparams_search.n_trials=2",
+        "hparams_search.params={data: {batch_size: [4096]}}",
+        f"paths.log_dir={tmp_path}",
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads((tmp_path / "train" / "runs" / "search" / SEARCH_FILE).read_text())
+    assert [(t["state"], t["failed"]) for t in found["trials"]] == [("FAIL", "exit 2")] * 2
+    assert "no trial finished with a score" in proc.stdout

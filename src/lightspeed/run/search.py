@@ -19,7 +19,8 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.core.config import ConfigError
+from lightspeed.core.config import CONFIG_ERROR_EXIT, ConfigError
+from lightspeed.core.failures import TRAINING_FAILURE_EXIT
 
 SEARCH_FILE = "search.json"
 
@@ -99,23 +100,36 @@ def run(cfg: DictConfig, train: Any) -> float | None:
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
         study.enqueue_trial(trial.params)
         rank_zero_info(f"hparams_search: trial {trial.number} was cut short: running its values again")
-    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    while (done := len(study.get_trials(states=finished))) < search.n_trials:
+    while (done := len(_finished(optuna, study))) < search.n_trials:
         study.sampler = instantiate(search.sampler, seed=int(search.seed) + done)
         trial = study.ask(space)
         trial_cfg = _trial_config(cfg, trial.params, folder / "trials" / str(trial.number))
         prune = PruneOnValidation(trial, metric)
-        score = train(trial_cfg, [prune])
+        try:
+            score = train(trial_cfg, [prune])
+        except SystemExit as stop:  # its one line is printed; a bad setting (2) or a training failure (3)
+            if stop.code not in (CONFIG_ERROR_EXIT, TRAINING_FAILURE_EXIT):
+                raise  # preempted, interrupted: the trial stays running, and a rerun runs it again
+            score, failed = None, f"exit {stop.code}"
+        else:
+            failed = None if score is not None or prune.pruned else "no score (no validation?)"
         if prune.pruned:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        elif score is None:
+        elif failed is not None:  # counted as finished: the next trial draws anew, never the same again
+            trial.set_user_attr("failed", failed)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         else:
             study.tell(trial, score)
-        rank_zero_info(
-            f"hparams_search: trial {trial.number} {'pruned' if prune.pruned else score}: {trial.params}"
-        )
+        said = "pruned" if prune.pruned else f"failed ({failed})" if failed else score
+        rank_zero_info(f"hparams_search: trial {trial.number} {said}: {trial.params}")
     return _report(study, folder)
+
+
+def _finished(optuna: Any, study: Any) -> list[Any]:
+    """Trials that count toward `n_trials`: complete, pruned, or failed in their run (not those the search
+    was killed in, which run again)."""
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return [t for t in study.trials if t.state in done or "failed" in t.user_attrs]
 
 
 def _trial_config(cfg: DictConfig, params: dict[str, Any], out: Path) -> DictConfig:
@@ -131,24 +145,27 @@ def _trial_config(cfg: DictConfig, params: dict[str, Any], out: Path) -> DictCon
 
 
 def _report(study: Any, folder: Path) -> float | None:
+    """search.json (every trial, and the best with its run folder) and a line naming the best."""
+    trials = [
+        {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params, **t.user_attrs}
+        for t in study.trials
+    ]
     complete = [t for t in study.trials if t.value is not None]
-    if not complete:
-        rank_zero_info("hparams_search: no trial finished with a score")
-        return None
-    best = study.best_trial
-    facts = {
-        "best_trial": best.number,
-        "best_value": best.value,
-        "best_params": best.params,
-        "best_run_dir": str(folder / "trials" / str(best.number)),
-        "trials": [
-            {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params}
-            for t in study.trials
-        ],
-    }
+    best = study.best_trial if complete else None
+    facts: dict[str, Any] = {"trials": trials}
+    if best is not None:
+        facts |= {
+            "best_trial": best.number,
+            "best_value": best.value,
+            "best_params": best.params,
+            "best_run_dir": str(folder / "trials" / str(best.number)),
+        }
     tmp = folder / f".{SEARCH_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(facts, indent=2) + "\n")
     os.replace(tmp, folder / SEARCH_FILE)
+    if best is None:
+        print("hparams_search: no trial finished with a score (each trial's own line says why)")
+        return None
     run_dir = facts["best_run_dir"]
     print(f"hparams_search: best trial {best.number} ({best.value:.4f}) {best.params}; its run: {run_dir}")
     return float(best.value)
