@@ -101,6 +101,7 @@ def test_a_search_over_a_multi_process_trainer_is_one_line(tmp_path: Path) -> No
     assert not (tmp_path / "train" / "runs" / "search" / "trials").exists()
 
 
+@pytest.mark.slow  # a search of two trials in a fresh process (~20 s)
 def test_trials_that_fail_in_their_run_count_and_the_search_ends(tmp_path: Path) -> None:
     """A trial whose run ends in one line (here a batch larger than the training split) is a failed trial,
     counted: the search goes on to the next draw and ends, where it would draw the same values forever."""
