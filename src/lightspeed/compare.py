@@ -95,10 +95,7 @@ def chart(
                     *zip(*points[key], strict=True), color=colour, linestyle=style, label=f"{name}: {key}"
                 )
     for ax, title in ((metric_ax, "monitored metric"), (loss_ax, "loss")):
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        figures.step_axis(ax, title, legend_size=7)
     fig.tight_layout()
     return figures.save(fig, out)
 

@@ -3,9 +3,11 @@ and the checksum that tells whether a file still holds the bytes written."""
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from pathlib import Path
+from typing import Any
 
 
 def readable(path: Path) -> None:
@@ -23,3 +25,24 @@ def crc32(path: Path) -> int:
         while block := f.read(2**20):
             value = zlib.crc32(block, value)
     return value
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value in `path`, or None when it is missing, unreadable or torn: a file a run wrote for
+    itself, read as data (the caller checks its shape)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """`text` into `path` whole or not at all: a temporary file of this process beside it, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise

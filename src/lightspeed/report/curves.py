@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from lightspeed.core.files import read_json, write_text_atomically
 from lightspeed.report import figures
 
 CURVES_FILE = "curves.json"
@@ -24,10 +24,7 @@ PICTURE_FILE = "curves.png"
 def load(run_dir: Path) -> dict[str, list[list[float]]]:
     """{metric: [[step, value], ...]} as a run folder keeps it; {} for none or a torn file (data: read with
     care, only numbers pass)."""
-    try:
-        found = json.loads((run_dir / CURVES_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    found = read_json(run_dir / CURVES_FILE)
     if not isinstance(found, dict):
         return {}
     return {
@@ -86,14 +83,10 @@ class CurvesLogger(Logger):
         the error that matters (its checkpoint write fails too)."""
         if not self.points or self._failed:
             return
-        tmp = self.run_dir / f".{CURVES_FILE}.{os.getpid()}.tmp"
         try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(self.points))
-            os.replace(tmp, self.run_dir / CURVES_FILE)
+            write_text_atomically(self.run_dir / CURVES_FILE, json.dumps(self.points))
         except OSError as err:
             self._fail(err)
-            tmp.unlink(missing_ok=True)
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
@@ -147,9 +140,6 @@ def draw(points: dict[str, list[list[float]]], path: Path, monitor: str | None) 
         for name in sorted(names, key=lambda n: not n.startswith("train/")):  # train first: the same colours
             steps, values = zip(*points[name], strict=True)
             ax.plot(steps, values, marker="o" if name.startswith("val/") else None, markersize=3, label=name)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        figures.step_axis(ax, title)
     fig.tight_layout()
     return figures.save(fig, path)

@@ -8,6 +8,14 @@ from pathlib import Path
 from typing import Any
 
 
+def step_axis(ax: Any, title: str, legend_size: int = 8) -> None:
+    """A panel of metrics against the training step: its title, the axis name, a light grid, a legend."""
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
 def save(fig: Any, path: Path, dpi: int = 80) -> Path:
     import matplotlib.pyplot as plt
 

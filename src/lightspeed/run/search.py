@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.core.config import CONFIG_ERROR_EXIT, ConfigError
 from lightspeed.core.failures import TRAINING_FAILURE_EXIT
+from lightspeed.core.files import write_text_atomically
 
 SEARCH_FILE = "search.json"
 
@@ -160,9 +160,7 @@ def _report(study: Any, folder: Path) -> float | None:
             "best_params": best.params,
             "best_run_dir": str(folder / "trials" / str(best.number)),
         }
-    tmp = folder / f".{SEARCH_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(facts, indent=2) + "\n")
-    os.replace(tmp, folder / SEARCH_FILE)
+    write_text_atomically(folder / SEARCH_FILE, json.dumps(facts, indent=2) + "\n")
     if best is None:
         print("hparams_search: no trial finished with a score (each trial's own line says why)")
         return None

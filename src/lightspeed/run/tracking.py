@@ -17,6 +17,8 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, open_dict
 
+from lightspeed.core.files import read_json, write_text_atomically
+
 TRACKING_FILE = "tracking.json"
 
 
@@ -36,10 +38,7 @@ def _kind(node: Any) -> type | None:
 def _stored(run_dir: Path) -> dict[str, dict[str, str]]:
     """{logger name: {"id": the tracked run's id, "at": where it lives (MLflow's tracking URI, W&B's
     project)}}: data a run wrote for itself, read with care (anything else is no stored run)."""
-    try:
-        found = json.loads((run_dir / TRACKING_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    found = read_json(run_dir / TRACKING_FILE)
     if not isinstance(found, dict):
         return {}
     return {
@@ -106,12 +105,9 @@ def remember(cfg: DictConfig, loggers: list[Logger]) -> None:
         elif isinstance(logger, WandbLogger) and logger.version:
             found[name] = {"id": str(logger.version), "at": _where(node, WandbLogger)}
     run_dir = Path(cfg.paths.output_dir)
-    if not found or _stored(run_dir) == {**_stored(run_dir), **found}:
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{TRACKING_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({**_stored(run_dir), **found}, indent=2) + "\n")
-    os.replace(tmp, run_dir / TRACKING_FILE)
+    stored = _stored(run_dir)
+    if found and stored != {**stored, **found}:
+        write_text_atomically(run_dir / TRACKING_FILE, json.dumps({**stored, **found}, indent=2) + "\n")
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
