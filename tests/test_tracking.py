@@ -233,3 +233,47 @@ def test_several_loggers_at_once_and_an_unknown_one_is_one_line(tmp_path: Path) 
     assert [type(lg) for lg in build.loggers(cfg)] == [CSVLogger, TensorBoardLogger]
     with pytest.raises(ConfigError, match=r"^logger=nope is not an option: use one of csv, mlflow, none, "):
         check_group_choices(["logger=[csv,nope]"])
+
+
+def test_a_stored_mlflow_run_gone_from_its_local_store_is_a_new_run_and_a_line(
+    tmp_path: Path, caplog
+) -> None:
+    """logs/mlflow.db deleted (or the run deleted in the UI) while the run folder stayed: the rerun opens a
+    new MLflow run, where it would have stopped with MLflow's traceback; a run that is there is continued."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    node = {"_target_": "lightning.pytorch.loggers.MLFlowLogger", "tracking_uri": uri, "run_id": None}
+    cfg = OmegaConf.create({"paths": {"output_dir": str(run_dir)}, "logger": {"mlflow": node}})
+    (run_dir / TRACKING_FILE).write_text(json.dumps({"mlflow": {"id": "0123abcd", "at": uri}}))
+    with caplog.at_level(logging.INFO):
+        continue_runs(cfg)
+    assert cfg.logger.mlflow.run_id is None
+    assert f"logger.mlflow: the run 0123abcd this run folder logged to is no longer in {uri}" in caplog.text
+    client = MlflowClient(tracking_uri=uri)
+    kept = client.create_run(client.create_experiment("e")).info.run_id
+    (run_dir / TRACKING_FILE).write_text(json.dumps({"mlflow": {"id": kept, "at": uri}}))
+    continue_runs(cfg)
+    assert cfg.logger.mlflow.run_id == kept
+    cfg.logger.mlflow.run_id = None
+    client.delete_run(kept)
+    with caplog.at_level(logging.INFO):
+        continue_runs(cfg)
+    assert (
+        cfg.logger.mlflow.run_id is None
+        and f"the run {kept} this run folder logged to was deleted" in caplog.text
+    )
+
+
+def test_a_tracking_uri_s_password_is_not_logged_with_the_config() -> None:
+    from lightspeed.run.tracking import _as_logged
+
+    node = {"tracking_uri": "https://me:s3cret@mlflow.example:5000/", "run_id": "abc", "experiment_name": "x"}
+    assert _as_logged(node) == {"tracking_uri": "https://***@mlflow.example:5000/", "experiment_name": "x"}
+    assert (
+        _as_logged({"tracking_uri": "sqlite:///logs/mlflow.db"})["tracking_uri"] == "sqlite:///logs/mlflow.db"
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import netrc
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,25 @@ def _where(node: Any, kind: type) -> str:
     return str(node.get("tracking_uri") if kind is MLFlowLogger else node.get("project"))
 
 
+def _gone_from_local_store(earlier: dict[str, str]) -> str | None:
+    """Why the stored MLflow run cannot be continued, where its store is a local SQLite file (the default,
+    deleted with logs/, say), which answers at once; None where it can, or where the store is a server,
+    asked only when the logger starts (not to wait here on one that is down)."""
+    uri = earlier["at"]
+    if not uri.startswith("sqlite:"):
+        return None
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        run = MlflowClient(tracking_uri=uri).get_run(earlier["id"])
+    except MlflowException:
+        return f"the run {earlier['id']} this run folder logged to is no longer in {uri}"
+    if run.info.lifecycle_stage == "deleted":
+        return f"the run {earlier['id']} this run folder logged to was deleted from {uri}"
+    return None
+
+
 def has_wandb_key() -> bool:
     """A W&B key set for this user: WANDB_API_KEY, or the entry `wandb login` writes into ~/.netrc."""
     if os.environ.get("WANDB_API_KEY"):
@@ -75,7 +95,10 @@ def continue_runs(cfg: DictConfig) -> None:
             key = "run_id" if kind is MLFlowLogger else "id"
             earlier = stored.get(name)
             if node.get(key) is None and earlier is not None:
-                if earlier["at"] == _where(node, kind):
+                gone = _gone_from_local_store(earlier) if kind is MLFlowLogger else None
+                if earlier["at"] == _where(node, kind) and gone:
+                    rank_zero_info(f"logger.{name}: {gone}: a new tracked run there")
+                elif earlier["at"] == _where(node, kind):
                     node[key] = earlier["id"]
                 else:
                     rank_zero_info(
@@ -126,7 +149,7 @@ def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
     """The resolved config into every logger, without the tracked runs' ids (which a continued run has
     and its first attempt had not). A continued MLflow run keeps what its first attempt logged (MLflow
     refuses to change a param): only new keys are added, and the ones this attempt changed are named."""
-    config = {**config, "logger": {n: _without_id(node) for n, node in (config.get("logger") or {}).items()}}
+    config = {**config, "logger": {n: _as_logged(node) for n, node in (config.get("logger") or {}).items()}}
     for logger in loggers:
         if not isinstance(logger, MLFlowLogger):
             logger.log_hyperparams(config)
@@ -143,5 +166,12 @@ def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
         logger.log_hyperparams({k: v for k, v in flat.items() if k not in kept})
 
 
-def _without_id(node: Any) -> Any:
-    return {k: v for k, v in node.items() if k not in ("run_id", "id")} if isinstance(node, dict) else node
+def _as_logged(node: Any) -> Any:
+    """A logger's node as logged: no tracked run's id, and no password of a tracking URI
+    (`https://user:secret@host` is logged as `https://***@host`)."""
+    if not isinstance(node, dict):
+        return node
+    node = {k: v for k, v in node.items() if k not in ("run_id", "id")}
+    if isinstance(node.get("tracking_uri"), str):
+        node["tracking_uri"] = re.sub(r"^([a-z][\w+.-]*://)[^/@]*@", r"\1***@", node["tracking_uri"])
+    return node
