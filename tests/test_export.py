@@ -46,3 +46,39 @@ def test_a_module_without_an_example_input_is_one_line() -> None:
 
     with pytest.raises(ConfigError, match=r"^Bare has no example_input_array: set one in its __init__"):
         example_inputs(Bare(), 3)
+
+
+class Tiny(torch.nn.Module):
+    example_input_array = torch.zeros(2, 4)
+
+    def __init__(self, branch: bool = False) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+        self.branch = branch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.branch and x.sum() > 0:  # data-dependent control flow: torch.export cannot trace it
+            return -self.linear(x)
+        return self.linear(x)
+
+
+def test_an_export_that_fails_its_check_leaves_no_file(tmp_path: Path) -> None:
+    from lightspeed.export import export as write
+
+    facts = write(Tiny(), tmp_path / "ok", ["torch_export"], batch=5, tolerance=1e-6)
+    assert [p.name for p in (tmp_path / "ok").iterdir()] == ["model.pt2"] and facts["torch_export"][
+        "file"
+    ].is_file()
+    with pytest.raises(ConfigError, match=r"^model\.pt2: its outputs differ from the checkpoint's model by"):
+        write(Tiny(), tmp_path / "bad", ["torch_export"], batch=5, tolerance=-1.0)  # no output passes
+    assert list((tmp_path / "bad").iterdir()) == []
+
+
+def test_a_model_the_exporter_cannot_trace_is_one_line(tmp_path: Path) -> None:
+    from lightspeed.export import export as write
+
+    with pytest.raises(
+        ConfigError, match=r"^torch\.export could not export Tiny: \w+: .+formats=\.\.\. leaves"
+    ):
+        write(Tiny(branch=True), tmp_path / "out", ["torch_export"], batch=5, tolerance=1e-6)
+    assert list((tmp_path / "out").iterdir()) == []

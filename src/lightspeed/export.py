@@ -6,6 +6,10 @@ like the module's `example_input_array` (what ModelSummary uses); a module witho
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +66,9 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tolerance: float)
 def export(
     model: L.LightningModule, out: Path, formats: list[str], batch: int, tolerance: float
 ) -> dict[str, Any]:
-    """Write each format into `out`, check it on `batch` fresh inputs; what was written and how close."""
+    """Write each format into `out`, check it on `batch` fresh inputs; what was written and how close.
+    Each is written into a hidden folder of `out` and moved into place only once its check passed: a
+    failed export leaves no file that looks like a good one."""
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise ConfigError(f"formats={formats} is invalid: use a list of {', '.join(FORMATS)}")
@@ -73,35 +79,65 @@ def export(
         want = model(*fresh)
     out.mkdir(parents=True, exist_ok=True)
     facts: dict[str, Any] = {}
-    if "torch_export" in formats:
-        program = torch.export.export(model, inputs, dynamic_shapes=_dynamic(inputs))
-        torch.export.save(program, out / "model.pt2")
-        loaded = torch.export.load(out / "model.pt2").module()
-        with torch.inference_mode():
-            facts["torch_export"] = {
-                "file": out / "model.pt2",
-                "max_difference": _compare("model.pt2", loaded(*fresh), want, tolerance),
-            }
-    if "onnx" in formats:
-        facts["onnx"] = _onnx(model, inputs, fresh, want, out / "model.onnx", tolerance)
+    for name in formats:
+        partial = Path(tempfile.mkdtemp(prefix=f".partial-{name}-", dir=out))
+        try:
+            written, difference = (_torch_export if name == "torch_export" else _onnx)(
+                model, inputs, fresh, want, partial, tolerance
+            )
+            for path in sorted(partial.iterdir()):  # the ONNX file and its external data, if any
+                os.replace(path, out / path.name)
+            facts[name] = {"file": out / written.name, "max_difference": difference}
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     return facts
 
 
+def _exported(what: str, model: L.LightningModule, build: Callable[[], Any]) -> Any:
+    """An exporter's failure (a model it cannot trace) as one line naming the model and the cause."""
+    try:
+        return build()
+    except Exception as err:  # any exporter error: one line; the cause is chained
+        cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(
+            f"{what} could not export {type(model).__name__}: {type(err).__name__}: {cause[:300]} "
+            "(formats=... leaves that format out)"
+        ) from err
+
+
+def _torch_export(
+    model: L.LightningModule, inputs: tuple, fresh: tuple, want: torch.Tensor, folder: Path, tolerance: float
+) -> tuple[Path, float]:
+    path = folder / "model.pt2"
+    program = _exported(
+        "torch.export", model, lambda: torch.export.export(model, inputs, dynamic_shapes=_dynamic(inputs))
+    )
+    torch.export.save(program, path)
+    loaded = torch.export.load(path).module()
+    with torch.inference_mode():
+        return path, _compare("model.pt2", loaded(*fresh), want, tolerance)
+
+
 def _onnx(
-    model: L.LightningModule, inputs: tuple, fresh: tuple, want: torch.Tensor, path: Path, tolerance: float
-) -> dict[str, Any]:
+    model: L.LightningModule, inputs: tuple, fresh: tuple, want: torch.Tensor, folder: Path, tolerance: float
+) -> tuple[Path, float]:
     try:
         import onnxruntime
     except ImportError:
         raise ConfigError(
             "formats=[onnx] needs onnx, onnxscript and onnxruntime: make install EXTRAS=dev,export"
         ) from None
-    program = torch.onnx.export(model, inputs, dynamo=True, dynamic_shapes=_dynamic(inputs), verbose=False)
+    path = folder / "model.onnx"
+    program = _exported(
+        "torch.onnx",
+        model,
+        lambda: torch.onnx.export(model, inputs, dynamo=True, dynamic_shapes=_dynamic(inputs), verbose=False),
+    )
     program.save(str(path))
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), fresh, strict=True)}
     got = torch.from_numpy(session.run(None, feed)[0])
-    return {"file": path, "max_difference": _compare("model.onnx", got, want, tolerance)}
+    return path, _compare("model.onnx", got, want, tolerance)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
