@@ -1,16 +1,17 @@
 # Lightspeed. `make help` lists the targets.
 #
 # Environment: everything runs in a local virtual environment, .venv/ (VENV=path to use another),
-# made on first use by any target that needs it. torch is installed first, as TORCH says: plain
-# `torch` is the CUDA build on Linux; for a CPU-only build use
-#   make install TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+# made on first use by any target that needs it (scripts/install.py). torch is installed first, as TORCH
+# says: `auto` is the CUDA build where an NVIDIA driver is found, else the CPU build (plain `torch`
+# where PyTorch's CPU index cannot be reached); any other value goes to the installer as it is, e.g.
+#   make install TORCH="torch==2.13.0"
 #
 # Overrides: `make train trainer.max_epochs=3 data.batch_size=128` passes each KEY=VALUE to Hydra;
 # for what make cannot carry (`+key=value`, `~key`, `-m`, values with spaces) use ARGS="...".
 
 PYTHON ?= python3
 VENV ?= .venv
-TORCH ?= torch
+TORCH ?= auto
 EXTRAS ?= dev
 WORKERS ?= auto
 ARGS ?=
@@ -22,7 +23,7 @@ STAMP := $(VENV)/.installed-$(subst $(_comma),+,$(EXTRAS))
 # make lists them last-first and escapes spaces as '\ ': keep escaped spaces inside one word.
 _space := $(subst ,, )
 _reverse = $(if $(1),$(call _reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
-_cli := $(filter-out PYTHON=% VENV=% TORCH=% EXTRAS=% WORKERS=% ARGS=% RUNS=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
+_cli := $(filter-out PYTHON=% VENV=% TORCH=% EXTRAS=% WORKERS=% ARGS=% RUNS=% NAME=% DEST=% KEEP=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 # Hydra's -m (--multirun) must come before the overrides: it is moved there from ARGS.
@@ -41,10 +42,7 @@ help:  ## list the targets
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(TORCH)
-	@# torch stays the one TORCH installed (the streaming extra's torchvision would bring the newest in)
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" "torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')"
+	$(PY) scripts/install.py --torch "$(TORCH)" --extras "$(EXTRAS)"
 	@touch $@
 
 install: $(STAMP)  ## make .venv: torch (TORCH=...), then this package editable with EXTRAS (dev; dev,streaming)
@@ -66,6 +64,12 @@ export: $(STAMP)  ## a checkpoint as ONNX (checked with onnxruntime) and torch.e
 
 compare: $(STAMP)  ## several runs on one chart and a table: RUNS="<run name or folder> ..." (-> logs/compare.png)
 	$(PY) -m lightspeed.compare $(RUNS) $(ARGS)
+
+# template: begin (`make new-project` leaves this block out of the projects it makes)
+.PHONY: new-project
+new-project:  ## this template as a project of your own: NAME=my_project DEST=../my_project [KEEP="mnist cifar10"]
+	$(PYTHON) scripts/new_project.py "$(NAME)" "$(DEST)" --keep "$(KEEP)"
+# template: end
 
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
 	$(PY) -m lightspeed.doctor $(ARGS)

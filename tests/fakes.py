@@ -27,7 +27,7 @@ from PIL import Image
 class Server(ThreadingHTTPServer):
     """Serves `files` by name; `modes[name]`: `corrupt` (other bytes, always), `cut` (the first request
     ends halfway through its Content-Length), `cut-always`, `missing` (404), `trickle` (8 bytes every
-    0.1 s), `huge` (announces 10 TB), `endless` (no Content-Length, the file over and over)."""
+    0.1 s), `huge` (announces 10 TB), `endless` (no Content-Length, the file over and over), `error` (503)."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
@@ -49,6 +49,9 @@ class Handler(BaseHTTPRequestHandler):
         mode = self.server.modes.get(name)
         if name not in self.server.files or mode == "missing":
             self.send_error(404)
+            return
+        if mode == "error":
+            self.send_error(503)
             return
         body = self.server.files[name]
         if mode == "corrupt":
@@ -116,7 +119,7 @@ def cifar_batch(n: int, rng: np.random.Generator) -> bytes:
 
 
 def cifar_files(n_train: int = 640, n_test: int = 64, seed: int = 0) -> dict[str, bytes]:
-    """The batch files of a small CIFAR-10 archive: 5 training batches, enough for conf/data/cifar10.yaml's
+    """The batch files of a small CIFAR-10 archive: 5 training batches, enough for the CIFAR-10 config's
     batch of 256, and the test batch."""
     rng = np.random.default_rng(seed)
     files = {f"data_batch_{i}": cifar_batch(max(n_train, 640) // 5, rng) for i in range(1, 6)}
@@ -209,3 +212,29 @@ def give_data_folder(cfg, tmp_path: Path) -> None:
         from lightspeed.data.shards import write_shards
 
         cfg.data.path = str(write_shards(DigitsDataModule(), tmp_path / "shards", "64KB"))
+
+
+def check_fetched_once_kept_as_uint8_and_scaled_on_the_device(cls: type, data_dir: Path, monkeypatch) -> None:
+    """What every downloaded data set promises, on the fakes above: each published file fetched once and
+    kept (a second data module fetches nothing), uint8 samples of the declared shape, the published test
+    split, 10% of training held out for validation, and scaling to float on the device."""
+    import torch
+
+    with fake_downloads(cls, monkeypatch) as server:
+        dm = cls(data_dir=str(data_dir), batch_size=32)
+        dm.prepare_data()
+        dm.setup("fit")
+        fetched = sum(server.served.values())
+        assert fetched == sum(len(group) for group in cls.remotes.values())
+        x, y = dm.splits["train"].tensors
+        assert x.dtype == torch.uint8 and x.shape[1:] == cls.input_shape and y.dtype == torch.int64
+        sizes = {name: len(split) for name, split in dm.splits.items()}
+        n_train = 640 if "CIFAR" in cls.__name__ else 256  # the fakes: 5 CIFAR batches of 128
+        assert sizes == {"train": n_train - round(0.1 * n_train), "val": round(0.1 * n_train), "test": 64}
+        scaled, _ = dm.on_after_batch_transfer((x, y), 0)  # as every batch is, on the device
+        assert scaled.dtype == torch.float32 and abs(float(scaled.mean())) < 0.02
+        again = cls(data_dir=str(data_dir), batch_size=32)
+        again.prepare_data()
+        again.setup("fit")
+        assert sum(server.served.values()) == fetched  # verified copies, not fetched again
+        assert torch.equal(again.splits["test"].tensors[0], dm.splits["test"].tensors[0])

@@ -23,6 +23,7 @@ def block(after: str, language: str) -> str:
     return re.search(rf"```{language}\n(.*?)```", rest, re.S)[1]
 
 
+@pytest.mark.slow  # a copy of the project trained five ways: ~45 s of make test's 5 minutes
 @pytest.mark.xdist_group("writes_conf")  # copies conf/, which test_nothing_lost's bad inputs write to
 def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     project = tmp_path / "project"
