@@ -16,10 +16,13 @@ Standard library only: it runs in the new venv before anything is installed.
 from __future__ import annotations
 
 import argparse
+import ast
+import math
 import os
 import re
 import shlex
 import shutil
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -34,7 +37,7 @@ DRIVER_FILE = Path("/proc/driver/nvidia/version")
 #: pip settings uv takes too: flags for `uv pip install`, or environment variables for uv.
 PIP_TO_UV_FLAGS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
                    "find-links": "--find-links", "constraint": "--constraints"}  # fmt: skip
-PIP_TO_UV_ENV = {"cert": "SSL_CERT_FILE", "timeout": "UV_HTTP_TIMEOUT", "default-timeout": "UV_HTTP_TIMEOUT"}
+PIP_TO_UV_ENV = {"cert": "SSL_CERT_FILE", "default-timeout": "UV_HTTP_TIMEOUT", "timeout": "UV_HTTP_TIMEOUT"}
 #: pip settings that change nothing about what is installed (config-file: its settings are listed too).
 PIP_ONLY_OUTPUT = {"config-file", "disable-pip-version-check", "no-input", "progress-bar", "quiet", "verbose",
                    "no-color", "root-user-action", "no-warn-script-location", "require-virtualenv",
@@ -80,35 +83,50 @@ def nvidia_driver(driver_file: Path = DRIVER_FILE) -> str | None:
     return shutil.which("nvidia-smi")
 
 
-def unreachable(url: str, timeout: float = 10.0) -> str | None:
-    """None when `url` answers; otherwise why not, in a few words."""
+def unreachable(url: str, timeout: float = 10.0, cafile: str | None = None) -> str | None:
+    """None when `url` answers with its page; otherwise why not, in a few words. `cafile`: pip's
+    certificate bundle, where pip is given one (a proxy that re-signs TLS)."""
+    context = ssl.create_default_context(cafile=cafile) if cafile else None
     try:
-        with urllib.request.urlopen(url, timeout=timeout):  # the headers tell: the page is not read
+        with urllib.request.urlopen(url, timeout=timeout, context=context):  # the headers tell: not read
             return None
-    except urllib.error.HTTPError as err:
-        return None if err.code < 500 else f"HTTP {err.code}"
+    except urllib.error.HTTPError as err:  # 403/407 from a proxy: the index is not reachable either
+        return f"HTTP {err.code}"
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
         return str(reason).strip() or type(reason).__name__
 
 
+def index_of(args: list[str]) -> str | None:
+    """The index URL a pip-style argument list names (`--index-url URL`, `--index-url=URL`, `-i URL`)."""
+    for i, arg in enumerate(args):
+        if arg in ("--index-url", "-i") and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--index-url="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def choose_torch(
-    spec: str, driver: str | None, platform: str = sys.platform, cpu_index: str = CPU_INDEX
+    spec: str,
+    driver: str | None,
+    platform: str = sys.platform,
+    cpu_index: str = CPU_INDEX,
+    cafile: str | None = None,
 ) -> Torch:
     if spec != "auto":
         args = shlex.split(spec)
-        index = args[args.index("--index-url") + 1] if "--index-url" in args[:-1] else None
-        return Torch(args, "as TORCH says", index)
+        return Torch(args, "as TORCH says", index_of(args))
+    if not platform.startswith("linux"):
+        return Torch(["torch"], f"PyPI's torch, the build it has for {platform} (TORCH=... for another)")
     if driver:
         return Torch(["torch"], f"an NVIDIA driver is here ({driver}): torch's CUDA build (about 5.5 GB)")
-    if not platform.startswith("linux"):
-        return Torch(["torch"], f"PyPI's torch, a CPU build on {platform}")
-    reason = unreachable(cpu_index + "/torch/")
+    reason = unreachable(cpu_index + "/torch/", cafile=cafile)
     if reason is None:
         return Torch(
             ["torch", "--index-url", cpu_index],
-            f"no NVIDIA driver here: torch's CPU build from {cpu_index}, about a sixth of the CUDA build's "
-            "size (TORCH=torch installs the CUDA build)",
+            f"no NVIDIA driver here: torch's CPU build from {cpu_index}, a fifth of the CUDA build's size "
+            "(TORCH=torch installs the CUDA build)",
             cpu_index,
         )
     return Torch(
@@ -118,15 +136,28 @@ def choose_torch(
     )
 
 
+def kept(found: str, cpu_index: str = CPU_INDEX, cafile: str | None = None) -> Torch:
+    """A torch the venv has: nothing to install, but a CPU build's torchvision must come from the CPU
+    index, where that can be reached (a CPU build from elsewhere, a local file, say, goes without)."""
+    cpu = found.endswith("+cpu") and unreachable(cpu_index + "/torch/", cafile=cafile) is None
+    return Torch([], "kept (a new venv, VENV=..., for another build)", cpu_index if cpu else None)
+
+
 def pip_settings(python: str) -> dict[str, str]:
-    """pip's own view of its settings (files and PIP_* variables): {key: value}, the last one winning."""
+    """The settings pip's install command takes, as pip itself lists them (`pip config list`): its
+    files' `global` and `install` sections, the later file winning, then PIP_* variables over them all."""
     proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True)
-    settings = {}
+    files: dict[str, str] = {}
+    env: dict[str, str] = {}
     for line in proc.stdout.splitlines():
-        found = re.fullmatch(r"[^.]*\.([\w-]+)='(.*)'", line.strip())
+        found = re.fullmatch(r"(:env:|global|install)\.([\w-]+)=(.*)", line.strip())
         if found:
-            settings[found.group(1)] = found.group(2)
-    return settings
+            try:
+                value = ast.literal_eval(found.group(3))  # pip prints each value as Python's repr
+            except (ValueError, SyntaxError):
+                continue
+            (env if found.group(1) == ":env:" else files)[found.group(2)] = str(value)
+    return {**files, **env}
 
 
 def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]] | str:
@@ -137,6 +168,8 @@ def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]] | s
             flags += [part for item in value.split() for part in (PIP_TO_UV_FLAGS[key], item)]
         elif key in PIP_TO_UV_ENV:
             env[PIP_TO_UV_ENV[key]] = value
+            if key.endswith("timeout"):  # pip takes 60.5, uv whole seconds
+                env[PIP_TO_UV_ENV[key]] = str(math.ceil(float(value)))
         elif key not in PIP_ONLY_OUTPUT:
             return f"pip is configured with {key}={value!r}, which uv cannot be told"
     if flags:
@@ -157,8 +190,8 @@ def choose_installer(python: str) -> Installer:
         return pip
     flags, env = options
     got = subprocess.run([python, "-m", "pip", "install", "--quiet", "uv"], capture_output=True, text=True)
-    uv = Path(python).parent / "uv"
-    if got.returncode != 0 or not uv.exists():
+    uv = shutil.which("uv", path=str(Path(python).parent))  # bin/uv, Scripts/uv.exe
+    if got.returncode != 0 or uv is None:
         pip.why = "pip (uv could not be installed: " + (got.stderr.strip().splitlines() or ["?"])[-1] + ")"
         return pip
     passed = sorted({k for k in pip_settings(python) if k not in PIP_ONLY_OUTPUT})
@@ -169,7 +202,7 @@ def choose_installer(python: str) -> Installer:
 
 
 def torch_version(python: str) -> str | None:
-    """The venv's torch, without its build label (2.14.1, not 2.14.1+cu130); None without one."""
+    """The venv's torch as it names itself (2.14.1+cu130); None where it does not import."""
     proc = subprocess.run(
         [python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
     )
@@ -181,20 +214,27 @@ def install(python: str, torch_spec: str, extras: str) -> None:
     print(f"installer: {installer.why}", flush=True)
     if not installer.is_uv:
         run([python, "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
-    torch = Torch([], "")
     if found := torch_version(python):
-        print(f"torch {found} is in the venv already: kept (a new venv, VENV=..., for another build)")
+        torch = kept(found, cafile=installer.env.get("SSL_CERT_FILE"))
+        print(f"torch {found} is in the venv already: {torch.why}")
     else:
-        torch = choose_torch(torch_spec, nvidia_driver())
+        torch = choose_torch(torch_spec, nvidia_driver(), cafile=installer.env.get("SSL_CERT_FILE"))
         print(f"installing {shlex.join(torch.args)}: {torch.why}", flush=True)
         run([*installer.command, *installer.flags_beside(torch.index), *torch.args], installer.env)
-    version = (torch_version(python) or "").split("+")[0]
+    installed = torch_version(python)
+    if installed is None:
+        raise InstallError(f"torch does not import after `{shlex.join(torch.args)}`: see the lines above")
+    version = installed.split("+")[0]
     # torch stays the one installed above (an extra's torchvision would otherwise bring the newest in)
     extra = ["--extra-index-url", torch.index] if torch.index else []
     if extra and installer.is_uv and "--index-strategy" not in installer.flags:
         extra += ["--index-strategy", "unsafe-best-match"]  # torchvision of the same build as torch
     package = [*installer.flags, *extra, "--quiet", "-e", f"{REPO}[{extras}]", f"torch=={version}"]
     run([*installer.command, *package], installer.env)
+
+
+class InstallError(Exception):
+    """What went wrong, in one line."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             f"error: make install: {shlex.join(map(str, err.cmd))} exited with {err.returncode}",
             file=sys.stderr,
         )
+        return 1
+    except InstallError as err:
+        print(f"error: make install: {err}", file=sys.stderr)
         return 1
     return 0
 

@@ -52,6 +52,8 @@ TAKEN = {
     "torch", "torchvision", "torchmetrics", "lightning", "pytorch_lightning", "lightning_fabric", "hydra",
     "omegaconf", "numpy", "rich", "PIL", "yaml", "matplotlib", "litdata", "mlflow", "wandb", "optuna",
     "onnx", "onnxruntime", "onnxscript", "pytest", "tests", "conftest", "fakes", "probes", "scripts",
+    "sklearn", "scipy", "lightning_utilities", "tqdm", "psutil", "triton", "requests", "tensorboard",
+    "xdist", "ruff", "uv", "src",
 }  # fmt: skip
 
 #: The template's own machinery, not copied: this script and its tests. Blocks of other files between a
@@ -153,8 +155,8 @@ def without_template_blocks(text: str, rel: Path) -> str:
 def commit_of_template() -> str:
     if not shutil.which("git"):
         return ""
-    proc = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=TEMPLATE, capture_output=True, text=True
+    proc = subprocess.run(  # a template with edits of its own is named so: abc1234-dirty
+        ["git", "describe", "--always", "--dirty"], cwd=TEMPLATE, capture_output=True, text=True
     )
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
@@ -188,7 +190,7 @@ def write_copy(name: str, into: Path, keep: list[str]) -> list[str]:
             if rel.as_posix() == "README.md":
                 title, _, rest = text.partition("\n")
                 text = f"{title}\n\n{origin_line(left_out)}{rest}"
-            target.write_text(text, encoding="utf-8")
+            target.write_bytes(text.encode("utf-8"))  # line endings as in the template, on any system
         shutil.copymode(TEMPLATE / rel, target)
     return left_out
 
@@ -204,10 +206,15 @@ def git_init(folder: Path, name: str) -> None:
                 ["git", "config", f"user.{key.lower()}"], cwd=folder, capture_output=True
             ).returncode:
                 env.setdefault(f"GIT_{who}_{key}", value)
-    quiet = {"cwd": folder, "env": env, "check": True, "capture_output": True}
-    subprocess.run(["git", "init", "-q"], **quiet)
-    subprocess.run(["git", "add", "-A"], **quiet)
-    subprocess.run(["git", "commit", "-q", "-m", f"{name}: a new project from Lightspeed"], **quiet)
+    for command in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["commit", "-q", "-m", f"{name}: a new project from Lightspeed"],
+    ):
+        proc = subprocess.run(["git", *command], cwd=folder, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:  # a commit hook, a signing key that is not there, ...
+            said = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise Refused(f"git {command[0]} failed in the new project ({said}): nothing was written")
 
 
 def new_project(name: str, dest: Path, keep: list[str]) -> list[str]:
@@ -216,6 +223,9 @@ def new_project(name: str, dest: Path, keep: list[str]) -> list[str]:
     try:
         left_out = write_copy(name, building, keep)
         git_init(building, name)
+        umask = os.umask(0)
+        os.umask(umask)
+        building.chmod(0o777 & ~umask)  # as a folder made by mkdir, not mkdtemp's private one
         if dest.exists():
             dest.rmdir()  # empty, checked above
         building.rename(dest)

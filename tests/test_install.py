@@ -60,12 +60,15 @@ def test_without_a_driver_and_no_cpu_index_auto_falls_back_to_plain_torch_and_sa
     assert torch.why.startswith(f"no NVIDIA driver here, but {down} cannot be reached (")
 
 
-def test_a_server_error_counts_as_unreachable_and_a_missing_page_does_not() -> None:
+def test_only_a_page_that_answers_counts_as_reachable() -> None:
+    """A proxy's 403/407, a missing page, a server error: the index would not serve torch either."""
     with serving() as server:
-        assert install.unreachable(server.url + "nothing/") is None  # 404: the server answers
+        server.files["torch/"] = b"<html></html>"
+        assert install.unreachable(server.url + "torch/") is None
+        assert install.unreachable(server.url + "nothing/") == "HTTP 404"
         server.files["busy/"] = b""
         server.modes["busy/"] = "error"
-        assert install.unreachable(server.url + "busy/").startswith("HTTP 5")
+        assert install.unreachable(server.url + "busy/") == "HTTP 503"
 
 
 def test_macos_and_windows_take_pypi_s_torch_a_cpu_build_there() -> None:
@@ -77,9 +80,18 @@ def test_macos_and_windows_take_pypi_s_torch_a_cpu_build_there() -> None:
 def test_any_other_torch_is_passed_on_as_given() -> None:
     torch = install.choose_torch("torch==2.13.0", None, "linux")
     assert torch.args == ["torch==2.13.0"] and torch.index is None
-    torch = install.choose_torch("torch --index-url https://example.org/whl/cu126", None, "linux")
-    assert torch.args == ["torch", "--index-url", "https://example.org/whl/cu126"]
-    assert torch.index == "https://example.org/whl/cu126"
+    for spec in ("torch --index-url URL", "torch --index-url=URL", "torch -i URL"):
+        torch = install.choose_torch(spec.replace("URL", "https://example.org/whl/cu126"), None, "linux")
+        assert torch.args[0] == "torch" and torch.index == "https://example.org/whl/cu126", spec
+
+
+def test_a_kept_cpu_torch_keeps_its_index_for_torchvision_where_it_answers() -> None:
+    with serving() as server:
+        server.files["torch/"] = b"<html></html>"
+        index = server.url.rstrip("/")
+        assert install.kept("2.13.0+cpu", index) == install.Torch([], install.kept("x", index).why, index)
+        assert install.kept("2.14.1+cu130", index).index is None
+    assert install.kept("2.13.0+cpu", closed_port()).index is None  # from a local file, say: no index
 
 
 def pip_config(monkeypatch, **settings: str) -> dict[str, str]:
@@ -152,3 +164,24 @@ def test_the_makefile_passes_torch_on_as_given(given: str) -> None:
         text=True,
     ).stdout
     assert f'scripts/install.py --torch "{given}"' in dry
+
+
+def test_pip_s_files_are_read_as_pip_reads_them(tmp_path: Path, monkeypatch) -> None:
+    """Values as pip prints them (a multi-line list, a fractional timeout), only the sections an install
+    reads, and PIP_* variables over any file."""
+    conf = tmp_path / "pip.conf"
+    conf.write_text(
+        "[global]\nextra-index-url =\n    https://a.example/simple\n    https://b.example/simple\n"
+        "timeout = 60.5\nfind-links = /from-file\n[list]\nformat = columns\n[download]\nno-deps = true\n"
+    )
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "none"))  # the machine's own /etc/xdg/pip
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    monkeypatch.setenv("PIP_FIND_LINKS", "/from-env")
+    settings = install.pip_settings(sys.executable)
+    assert "format" not in settings and "no-deps" not in settings
+    options = install.uv_options({k: v for k, v in settings.items() if k != "cert"})
+    flags, env = options
+    assert flags.count("--extra-index-url") == 2 and "https://b.example/simple" in flags
+    assert flags[flags.index("--find-links") + 1] == "/from-env" and env["UV_HTTP_TIMEOUT"] == "61"

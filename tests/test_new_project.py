@@ -87,6 +87,9 @@ def test_the_examples_left_out_leave_nothing_that_names_them(acme: Path) -> None
 
 
 def test_the_copy_is_a_git_repository_with_one_clean_commit(acme: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    assert acme.stat().st_mode & 0o777 == 0o777 & ~umask  # not the temporary folder's private mode
     log = subprocess.run(["git", "log", "--format=%s"], cwd=acme, capture_output=True, text=True).stdout
     status = subprocess.run(["git", "status", "--porcelain"], cwd=acme, capture_output=True, text=True).stdout
     assert log.splitlines() == ["acme: a new project from Lightspeed"] and status == ""
@@ -169,3 +172,21 @@ def test_the_copy_s_own_make_install_and_make_test_pass(tmp_path: Path) -> None:
     test = subprocess.run(["make", "test"], cwd=dest, env=env, capture_output=True, text=True, timeout=1200)
     assert test.returncode == 0, test.stdout[-5000:] + test.stderr[-2000:]
     assert re.search(r"\d+ passed", test.stdout) and " failed" not in test.stdout
+
+
+def test_a_commit_git_refuses_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    """A commit hook that fails (or a signing key that is not there): git's own reason, nothing left."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "pre-commit").write_text("#!/bin/sh\necho 'refused by policy' >&2\nexit 1\n")
+    (hooks / "pre-commit").chmod(0o755)
+    env = {**os.environ, "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.hooksPath"}
+    env["GIT_CONFIG_VALUE_0"] = str(hooks)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "acme", str(tmp_path / "acme")], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "error: git commit failed in the new project (refused by policy): nothing was written"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hooks"]
