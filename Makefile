@@ -38,14 +38,14 @@ explain = bash scripts/exit_code.sh $$? "$(1)"
 .PHONY: help install train eval viz shards export compare doctor bench test test-full bench-data chaos gpu-check lint format clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) scripts/install.py --torch "$(TORCH)" --extras "$(EXTRAS)"
 	@touch $@
 
-install: $(STAMP)  ## make .venv: torch (TORCH=...), then this package editable with EXTRAS (dev; dev,streaming)
+install: $(STAMP)  ## make .venv: torch (TORCH=auto: CUDA build with an NVIDIA driver, else CPU), then this package with EXTRAS (dev; dev,streaming)
 
 train: $(STAMP)  ## train (default: CNN on digits); KEY=VALUE overrides, ARGS="..." for the rest
 	$(PY) -m lightspeed.train $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) || $(call explain,python -m lightspeed.train)
