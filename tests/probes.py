@@ -167,6 +167,17 @@ class SlowSteps(L.Callback):
         CLOCK.advance(self.seconds)
 
 
+class Pause(L.Callback):
+    """Sleeps `seconds` of real time after each training step: a window for a test to act on a running run
+    (kill a node after its first checkpoint, say)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        time.sleep(self.seconds)
+
+
 class SlowDigits(DigitsDataModule):
     """Digits whose training batches take `delay` seconds each to arrive, and validation batches
     `val_delay` (on `CLOCK` if `virtual`)."""

@@ -299,3 +299,21 @@ def test_a_cpu_allocation_failure_counts_as_out_of_memory() -> None:
     )
     assert is_out_of_memory(cpu) and is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_a_collective_that_lost_its_peer_is_told_apart_from_other_errors() -> None:
+    """gloo's and NCCL's words for a rank that is gone (under torchrun or SLURM no launcher of ours
+    sees it end): one line without gloo's source path and advice; any other error is not one."""
+    from lightspeed.core.failures import lost_peer
+
+    gloo = RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+        "[127.0.0.1]:64210: Connection reset by peer. This is typically caused by a remote worker "
+        "hanging or bugs in the application."
+    )
+    assert lost_peer(gloo) == "Read error [127.0.0.1]:64210: Connection reset by peer"
+    assert (
+        lost_peer(RuntimeError("NCCL error: remote process exited or there was a network error")) is not None
+    )
+    assert lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    assert lost_peer(ValueError("Connection reset by peer")) is None  # a collective raises RuntimeError

@@ -1,9 +1,9 @@
 """Failures during training, each ending the run with one line that says what happened and what to try.
 
 Exit codes: 2 a bad setting (before any work), 3 a training failure explained here (non-finite loss,
-out of memory), 128 + N preempted by signal N after saving a checkpoint (143 for SIGTERM, 138 for
-SIGUSR1: rerun the same command to continue), 1 anything unexpected (with its traceback). Under
-trainer=ddp these are the first rank's codes.
+out of memory, another rank lost under torchrun or SLURM), 128 + N preempted by signal N after saving a
+checkpoint (143 for SIGTERM, 138 for SIGUSR1: rerun the same command to continue), 1 anything unexpected
+(with its traceback). Under trainer=ddp these are the first rank's codes.
 """
 
 from __future__ import annotations
@@ -81,6 +81,19 @@ def is_out_of_memory(err: BaseException) -> bool:
     )
 
 
+#: What gloo and NCCL say when the process at the other end of a collective is gone.
+LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "remote process exited", "Broken pipe")
+
+
+def lost_peer(err: BaseException) -> str | None:
+    """The first line of a collective's error that says another rank is gone; None for other errors."""
+    text = str(err).strip()
+    if not isinstance(err, RuntimeError) or not any(cause in text for cause in LOST_PEER):
+        return None
+    first = text.splitlines()[0]
+    return first.split("] ", 1)[-1].split(". This is typically", 1)[0][:200]  # gloo's source path, advice
+
+
 def launched_by_lightning(trainer: L.Trainer) -> bool:
     """A rank other than the first that Lightning's own launcher started (trainer=ddp on one machine).
     Lightning SIGKILLs the first rank as soon as such a rank exits non-zero, so for outcomes that all
@@ -123,6 +136,13 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
         _say(f"error: {err}")
         raise SystemExit(TRAINING_FAILURE_EXIT if agreed is None else agreed) from None
     except (torch.OutOfMemoryError, RuntimeError) as err:
+        if (peer := lost_peer(err)) is not None and trainer.world_size > 1:
+            print(
+                f"error: rank {trainer.global_rank} lost another rank in a collective ({peer}): that rank or "
+                f"its node ended or hung, its own log says why; {_newest_saved(trainer)} (on every node)",
+                file=sys.stderr,
+            )
+            raise SystemExit(TRAINING_FAILURE_EXIT) from None
         if not is_out_of_memory(err):
             raise
         rank = f"rank {trainer.global_rank}: " if trainer.world_size > 1 else ""

@@ -90,6 +90,8 @@ ADDED_KEYS: dict[str, Any] = {
     "trainer.fast_dev_run": False,
     "trainer.enable_checkpointing": True,
     "trainer.profiler": None,
+    # 2026-12: machines, for torchrun and SLURM (tests/test_multinode.py)
+    "trainer.num_nodes": 1,
 }
 
 
