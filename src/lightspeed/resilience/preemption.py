@@ -33,8 +33,9 @@ class Preemption(L.Callback):
     `check_every_n_steps` steps (DDP), plus the save; at an epoch's last batch, the epoch's validation
     and one more step too (a checkpoint taken before that validation would make the resumed run skip
     it, and one taken at the next epoch's start is not one Lightning 2.6 resumes from correctly).
-    Under SLURM with auto-requeue (Lightning's default there), the first rank then requeues the job, as
-    Lightning's own SIGUSR1 handler (which this one replaces) would.
+    Under SLURM with auto-requeue (Lightning's default there), after SIGUSR1 (its requeue signal) the
+    first rank then requeues the job, as Lightning's own SIGUSR1 handler (which this one replaces) would;
+    after SIGTERM it does not (scancel sends it too: a cancelled job stays cancelled).
     """
 
     def __init__(
@@ -107,7 +108,12 @@ class Preemption(L.Callback):
             callback.last_model_path = path
         trainer.save_checkpoint(path, weights_only=False)  # on every rank: their random states are gathered
         env = getattr(trainer.strategy, "cluster_environment", None)
-        if trainer.is_global_zero and isinstance(env, SLURMEnvironment) and env.auto_requeue:
+        if (
+            trainer.is_global_zero
+            and isinstance(env, SLURMEnvironment)
+            and env.auto_requeue
+            and received == env.requeue_signal  # SIGUSR1 (--signal=USR1@...); SIGTERM is scancel's, too
+        ):
             requeue_slurm_job()  # what Lightning's own SIGUSR1 handler, replaced by this one, would do
         raise Preempted(received, step, path)
 
