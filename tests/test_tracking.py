@@ -242,8 +242,9 @@ def test_a_stored_mlflow_run_gone_from_its_local_store_is_a_new_run_and_a_line(
     new MLflow run, where it would have stopped with MLflow's traceback; a run that is there is continued."""
     import logging
 
-    from mlflow.tracking import MlflowClient
-
+    MlflowClient = pytest.importorskip(
+        "mlflow.tracking", reason="logger=mlflow needs the tracking extra"
+    ).MlflowClient
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -60,8 +60,11 @@ def _gone_from_local_store(earlier: dict[str, str]) -> str | None:
     uri = earlier["at"]
     if not uri.startswith("sqlite:"):
         return None
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    try:
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        return None  # building the logger says, in one line, which extra to install
 
     try:
         run = MlflowClient(tracking_uri=uri).get_run(earlier["id"])
