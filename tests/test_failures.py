@@ -317,3 +317,22 @@ def test_a_collective_that_lost_its_peer_is_told_apart_from_other_errors() -> No
     )
     assert lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
     assert lost_peer(ValueError("Connection reset by peer")) is None  # a collective raises RuntimeError
+
+
+def test_several_machines_without_a_launcher_is_one_line_not_a_wait_for_the_others(
+    train_cfg, monkeypatch, capsys
+) -> None:
+    """trainer.num_nodes=2 started as a plain command would wait at the rendezvous for a node that never
+    comes; under torchrun or SLURM (their variables set) it is the command each machine runs."""
+    from lightspeed.core.config import CLUSTER_VARIABLES
+    from lightspeed.train import train
+
+    for name in CLUSTER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        train(train_cfg("trainer.num_nodes=2", "trainer.max_epochs=1"))
+    err = capsys.readouterr().err
+    assert (
+        exit_.value.code == 2
+        and "error: trainer.num_nodes=2 needs each machine's processes started by" in err
+    )

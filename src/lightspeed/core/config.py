@@ -122,6 +122,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "trainer.min_epochs": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0 or null"),
     "trainer.num_sanity_val_steps": _int_at_least(-1, " (-1: the whole validation set)"),
+    "trainer.num_nodes": _int_at_least(1, " (machines, each started by torchrun or SLURM)"),
     "trainer.check_val_every_n_epoch": (
         lambda v: v is None or (_is_int(v) and v >= 1),
         "an integer >= 1 or null",
@@ -250,9 +251,29 @@ def validate_train(cfg: DictConfig) -> None:
             f"trainer.min_epochs={low} is more than trainer.max_epochs={high}: lower trainer.min_epochs "
             "(the epochs early stopping waits for) or raise trainer.max_epochs"
         )
+    nodes = _get(cfg, "trainer.num_nodes")
+    if _is_int(nodes) and nodes > 1 and not any(k in os.environ for k in CLUSTER_VARIABLES):
+        raise ConfigError(
+            f"trainer.num_nodes={nodes} needs each machine's processes started by torchrun or SLURM (none "
+            f"started this one, and it would wait for the others): on each machine `torchrun --nnodes "
+            f"{nodes} --node-rank <r> --rdzv-endpoint <host>:<port> -m lightspeed.train ...`, or `sbatch "
+            "scripts/slurm/train.sbatch ...` (docs/scale.md)"
+        )
     ckpt = cfg.get("ckpt_path")
     if ckpt is not None:
         check_checkpoint_path(Path(str(ckpt)), "or ckpt_path=null")
+
+
+#: What a launcher of several machines sets (torchrun, SLURM, LSF, Kubeflow, or by hand as Lightning's
+#: docs show: MASTER_ADDR and NODE_RANK on each machine).
+CLUSTER_VARIABLES = (
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_NTASKS",
+    "LSB_JOBID",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+)
 
 
 def check_checkpoint_path(path: Path, other: str = "") -> None:
