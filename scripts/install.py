@@ -196,9 +196,9 @@ def choose_installer(python: str) -> Installer:
         return pip
     passed = sorted({k for k in pip_settings(python) if k not in PIP_ONLY_OUTPUT})
     said = f"; pip's {', '.join(passed)} passed on" if passed else ""
-    return Installer(
-        [str(uv), "pip", "install", "--python", python], f"uv (faster than pip{said})", flags, env
-    )
+    # --compile-bytecode, as pip does: without it each first import (every test process) compiles instead
+    command = [uv, "pip", "install", "--python", python, "--compile-bytecode"]
+    return Installer(command, f"uv (faster than pip{said})", flags, env)
 
 
 def torch_version(python: str) -> str | None:
