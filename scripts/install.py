@@ -97,6 +97,11 @@ def unreachable(url: str, timeout: float = 10.0, cafile: str | None = None) -> s
         return str(reason).strip() or type(reason).__name__
 
 
+def _torch_page(index: str) -> str:
+    """The index's page of torch's files: it answers where the index can serve torch."""
+    return index.rstrip("/") + "/torch/"
+
+
 def index_of(args: list[str]) -> str | None:
     """The index URL a pip-style argument list names (`--index-url URL`, `--index-url=URL`, `-i URL`)."""
     for i, arg in enumerate(args):
@@ -121,7 +126,7 @@ def choose_torch(
         return Torch(["torch"], f"PyPI's torch, the build it has for {platform} (TORCH=... for another)")
     if driver:
         return Torch(["torch"], f"an NVIDIA driver is here ({driver}): torch's CUDA build (about 5.5 GB)")
-    reason = unreachable(cpu_index + "/torch/", cafile=cafile)
+    reason = unreachable(_torch_page(cpu_index), cafile=cafile)
     if reason is None:
         return Torch(
             ["torch", "--index-url", cpu_index],
@@ -139,7 +144,7 @@ def choose_torch(
 def kept(found: str, cpu_index: str = CPU_INDEX, cafile: str | None = None) -> Torch:
     """A torch the venv has: nothing to install, but a CPU build's torchvision must come from the CPU
     index, where that can be reached (a CPU build from elsewhere, a local file, say, goes without)."""
-    cpu = found.endswith("+cpu") and unreachable(cpu_index + "/torch/", cafile=cafile) is None
+    cpu = found.endswith("+cpu") and unreachable(_torch_page(cpu_index), cafile=cafile) is None
     return Torch([], "kept (a new venv, VENV=..., for another build)", cpu_index if cpu else None)
 
 
@@ -166,10 +171,8 @@ def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]] | s
     for key, value in settings.items():
         if key in PIP_TO_UV_FLAGS:
             flags += [part for item in value.split() for part in (PIP_TO_UV_FLAGS[key], item)]
-        elif key in PIP_TO_UV_ENV:
-            env[PIP_TO_UV_ENV[key]] = value
-            if key.endswith("timeout"):  # pip takes 60.5, uv whole seconds
-                env[PIP_TO_UV_ENV[key]] = str(math.ceil(float(value)))
+        elif key in PIP_TO_UV_ENV:  # a timeout: pip takes 60.5, uv whole seconds
+            env[PIP_TO_UV_ENV[key]] = str(math.ceil(float(value))) if key.endswith("timeout") else value
         elif key not in PIP_ONLY_OUTPUT:
             return f"pip is configured with {key}={value!r}, which uv cannot be told"
     if flags:
@@ -184,7 +187,8 @@ def run(command: list[str], env: dict[str, str] | None = None) -> None:
 
 def choose_installer(python: str) -> Installer:
     pip = Installer([python, "-m", "pip", "install"], "")
-    options = uv_options(pip_settings(python))
+    settings = pip_settings(python)
+    options = uv_options(settings)
     if isinstance(options, str):
         pip.why = f"pip ({options})"
         return pip
@@ -194,7 +198,7 @@ def choose_installer(python: str) -> Installer:
     if got.returncode != 0 or uv is None:
         pip.why = "pip (uv could not be installed: " + (got.stderr.strip().splitlines() or ["?"])[-1] + ")"
         return pip
-    passed = sorted({k for k in pip_settings(python) if k not in PIP_ONLY_OUTPUT})
+    passed = sorted(k for k in settings if k not in PIP_ONLY_OUTPUT)
     said = f"; pip's {', '.join(passed)} passed on" if passed else ""
     # --compile-bytecode, as pip does: without it each first import (every test process) compiles instead
     command = [uv, "pip", "install", "--python", python, "--compile-bytecode"]
