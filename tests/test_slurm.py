@@ -24,8 +24,7 @@ pytestmark = [
 
 REPO = TESTS.parent
 SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
-RUN = [
-    "trainer=ddp_cpu",
+QUIET = [  # a short run that prints little and saves at the step after a signal
     *LIMIT,
     "trainer.num_sanity_val_steps=0",
     "callbacks.rich_progress_bar=null",
@@ -34,6 +33,7 @@ RUN = [
     "curves=false",
     "callbacks.preemption.check_every_n_steps=1",
 ]
+RUN = ["trainer=ddp_cpu", *QUIET]
 PAUSE = ["+callbacks.pause._target_=probes.Pause", "+callbacks.pause.seconds=0.5"]
 
 

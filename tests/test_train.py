@@ -363,3 +363,16 @@ def test_a_sweep_cannot_drive_a_multi_process_trainer(train_cfg) -> None:
     with pytest.raises(ConfigError, match=r"multirun \(-m\) cannot drive a multi-process trainer.strategy"):
         refuse_multirun_with_ddp(train_cfg("trainer=ddp_cpu", "hydra.mode=MULTIRUN"))
     refuse_multirun_with_ddp(train_cfg("trainer=cpu", "hydra.mode=MULTIRUN"))  # a sweep on one device: fine
+
+
+def test_a_sweep_job_whose_ranks_slurm_started_may_be_multi_process(train_cfg, monkeypatch) -> None:
+    """hydra/launcher=slurm: each job is an srun of its tasks, Lightning starts no rank (test_submitit.py)."""
+    from lightspeed.train import refuse_multirun_with_ddp
+
+    cfg = train_cfg("trainer=ddp_cpu", "hydra.mode=MULTIRUN")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    refuse_multirun_with_ddp(cfg)
+    monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # an interactive allocation: Lightning starts the ranks
+    with pytest.raises(ConfigError, match=r"submit the sweep to SLURM \(-m hydra/launcher=slurm"):
+        refuse_multirun_with_ddp(cfg)

@@ -16,6 +16,7 @@ from pathlib import Path
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, open_dict
 
@@ -33,15 +34,19 @@ from lightspeed.speed import accel
 
 def refuse_multirun_with_ddp(cfg: DictConfig) -> None:
     """Lightning relaunches this script once per extra rank; under a Hydra sweep every rank would run its
-    own sweep (seen to hang, or to train different configs on different ranks)."""
+    own sweep (seen to hang, or to train different configs on different ranks). A job whose ranks SLURM
+    or torchrun started (hydra/launcher=slurm: each job an srun of its tasks) launches nothing: allowed."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
         return
     # Whatever the strategy says, more than one device makes Lightning launch more processes.
     if cfg.trainer.get("devices", 1) != 1 or cfg.trainer.get("num_nodes", 1) != 1:
         raise ConfigError(
-            "hydra multirun (-m) cannot drive a multi-process trainer.strategy (ddp: trainer.devices or "
-            "num_nodes above 1): each rank would run its own sweep; sweep on one device (trainer=cpu or "
-            "trainer=gpu), or loop in the shell: "
+            "hydra multirun (-m) cannot drive a multi-process trainer.strategy here (ddp: trainer.devices or "
+            "num_nodes above 1): each rank would run its own sweep; submit the sweep to SLURM "
+            "(-m hydra/launcher=slurm hydra.launcher.tasks_per_node=<devices>), sweep on one device "
+            "(trainer=cpu or trainer=gpu), or loop in the shell: "
             "`for lr in 1e-3 3e-3; do make train trainer=ddp model.optimizer.lr=$lr; done`"
         )
 

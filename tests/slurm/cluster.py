@@ -71,6 +71,8 @@ def cluster(folder: Path, cpus: int = 2) -> Iterator[dict[str, str]]:
         _wait_for(lambda: _node_idle(env), 60, "the node did not become idle", folder)
         yield env
     finally:
+        if len(started) == 3:
+            _drain(env)
         for process in reversed(started):
             process.terminate()
         for process in reversed(started):
@@ -79,6 +81,40 @@ def cluster(folder: Path, cpus: int = 2) -> Iterator[dict[str, str]]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        _kill_spawned(str(conf))
+
+
+def _drain(env: dict[str, str], seconds: float = 60) -> None:
+    """Let the jobs end before the daemons do: a job whose tasks are done still reports to slurmd and
+    slurmctld (submitit returns as soon as the results are written), and its slurmstepd outlives daemons
+    stopped before that; a job still running after `seconds` is cancelled."""
+    deadline = time.monotonic() + seconds
+    while _jobs(env) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if _jobs(env):
+        subprocess.run(["scancel", "--full", *_jobs(env)], env=env)
+        deadline = time.monotonic() + 30
+        while _jobs(env) and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
+def _jobs(env: dict[str, str]) -> list[str]:
+    proc = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True)
+    return proc.stdout.split() if proc.returncode == 0 else []
+
+
+def _kill_spawned(conf: str) -> None:
+    """SIGKILL whatever this cluster's daemons left running (a job step's slurmstepd, a batch script):
+    the processes whose environment points at this cluster's config."""
+    mark = f"SLURM_CONF={conf}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if mark in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), 9)
+        except (OSError, ValueError):
+            continue
 
 
 def _node_idle(env: dict[str, str]) -> bool:

@@ -3,6 +3,7 @@ compose the config, route logs to the run directory."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from collections.abc import Callable
@@ -97,6 +98,7 @@ def check_composes(config_name: str, args: list[str]) -> None:
             raise ConfigError("--experimental-rerun is not supported: it unpickles a file; rerun the command")
     if flags & _NO_RUN:
         return
+    _check_launcher_installed(overrides)
     sweep = bool(flags & {"-m", "--multirun"}) or any(a.lstrip("+").startswith("hydra.mode=") for a in args)
     swept = [a for a in overrides if _swept(a) or a.lstrip("+").startswith("hydra.mode=")] if sweep else []
     overrides = [a for a in overrides if a not in swept]
@@ -118,6 +120,20 @@ def check_composes(config_name: str, args: list[str]) -> None:
         del cfg.hydra
     check_known_keys(cfg, config_name)
     check_types(OmegaConf.to_container(cfg, resolve=False), OmegaConf.to_container(schema, resolve=False))
+
+
+def _check_launcher_installed(overrides: list[str]) -> None:
+    """conf/hydra/launcher/{slurm,local}.yaml build on hydra-submitit-launcher, an extra: without it, one
+    line naming the install instead of Hydra's "Could not find 'hydra/launcher/submitit_slurm'"."""
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        if key != "hydra/launcher" or value not in ("slurm", "local"):
+            continue
+        if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+            raise ConfigError(
+                f"hydra/launcher={value} needs Hydra's submitit launcher, which is not installed: "
+                "make install EXTRAS=dev,cluster (or pip install hydra-submitit-launcher)"
+            )
 
 
 def _is_choice(override: str) -> bool:

@@ -1,17 +1,22 @@
 """The table a sweep (`-m`) ends with: one row per job, its overrides, its score (the run's monitored
 metric, best checkpoint's) and the validation and test metrics its model logged, whatever the task; the
 best score marked. Also written as Markdown under `<log dir>/<task>/sweeps/`. Hydra calls this callback
-(conf/hydra/default.yaml)."""
+(conf/hydra/default.yaml). A job may run in another process or on another machine (hydra/launcher=local or
+slurm: submitit), so each job writes its row to a folder of the sweep, which the command that launched the
+sweep reads once every job has ended."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
@@ -21,9 +26,16 @@ from lightspeed.core.summary import SUMMARY_FILE
 
 class SweepTable(Callback):
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+        self.rows_dir: Path | None = None  # set when a sweep starts; a single run writes no row
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = Path(str(config.paths.log_dir)).resolve() / str(config.task_name) / "sweeps"
+        self.rows_dir = folder / f".rows-{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}-{os.getpid()}"
+        self.rows_dir.mkdir(parents=True)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if self.rows_dir is None or rank_zero_only.rank != 0:  # a job of several ranks: its first says it
+            return
         run_dir = Path(str(config.paths.output_dir))
         record = {}
         if (run_dir / SUMMARY_FILE).is_file():
@@ -31,32 +43,36 @@ class SweepTable(Callback):
         metrics = record.get("metrics", {})
         settled = (record.get("config") or {}).get("monitor") or {}  # as the job settled it
         failed = job_return.status != JobStatus.COMPLETED
-        self.rows.append(
-            {
-                "overrides": list(job_return.overrides or []),
-                "run": run_dir.name,
-                "status": "failed" if failed else "done",
-                "score": None if failed else job_return.return_value,
-                "monitor": (settled.get("metric"), settled.get("mode")),
-                "metrics": {
-                    k: v for k, v in metrics.items() if k.startswith(("val/", "test/")) and "@" not in k
-                },
-            }
-        )
+        row = {
+            "overrides": list(job_return.overrides or []),
+            "run": run_dir.name,
+            "status": "failed" if failed else "done",
+            "score": None if failed else job_return.return_value,
+            "monitor": (settled.get("metric"), settled.get("mode")),
+            "metrics": {k: v for k, v in metrics.items() if k.startswith(("val/", "test/")) and "@" not in k},
+        }
+        tmp = self.rows_dir / f".{config.hydra.job.num}.json"
+        tmp.write_text(json.dumps(row))
+        tmp.replace(self.rows_dir / f"{config.hydra.job.num}.json")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if not self.rows:
+        if self.rows_dir is None:
             return
-        monitors = {row["monitor"] for row in self.rows if row["monitor"][0] is not None}
+        files = sorted(self.rows_dir.glob("[0-9]*.json"), key=lambda f: int(f.stem))
+        rows = [json.loads(f.read_text()) for f in files]
+        shutil.rmtree(self.rows_dir, ignore_errors=True)
+        if not rows:
+            return
+        for row in rows:
+            row["monitor"] = tuple(row["monitor"])
+        monitors = {row["monitor"] for row in rows if row["monitor"][0] is not None}
         (metric, mode) = monitors.pop() if len(monitors) == 1 else (None, None)  # one for all: comparable
-        shared = [o for o in self.rows[0]["overrides"] if all(o in row["overrides"] for row in self.rows)]
-        for row in self.rows:  # each row shows what it varies; the title what all share
+        shared = [o for o in rows[0]["overrides"] if all(o in row["overrides"] for row in rows)]
+        for row in rows:  # each row shows what it varies; the title what all share
             row["overrides"] = " ".join(o for o in row["overrides"] if o not in shared) or "-"
-        scores = [row["score"] for row in self.rows if isinstance(row["score"], (int, float))]
+        scores = [row["score"] for row in rows if isinstance(row["score"], (int, float))]
         best = (min if mode == "min" else max)(scores) if scores and mode else None
-        logged = sorted(
-            {k for row in self.rows for k in row["metrics"]}, key=lambda k: (k.startswith("test/"), k)
-        )
+        logged = sorted({k for row in rows for k in row["metrics"]}, key=lambda k: (k.startswith("test/"), k))
         score = f"{metric} ({mode}, best ckpt)" if metric else "score (its monitor, best ckpt)"
         names = ["overrides", "run", "status", score, *logged]
         cells = [
@@ -69,10 +85,10 @@ class SweepTable(Callback):
                 + ("" if metric or row["monitor"][0] is None else f" ({row['monitor'][0]})"),
                 *(_cell(row["metrics"].get(k)) for k in logged),
             ]
-            for row in self.rows
+            for row in rows
         ]
         title = (
-            f"Lightspeed: sweep of {len(self.rows)} runs"
+            f"Lightspeed: sweep of {len(rows)} runs"
             + (f", all with {' '.join(shared)}" if shared else "")
             + (" (* the best)" if best is not None else "")
         )
