@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check in one call of at most ~8 minutes, for a machine with an NVIDIA GPU; results go to
 # $OUT (default ./gpu_out): gpu_check.log (every step's output, in order; the gpu-marked tests of
-# tests/test_gpu.py first), doctor.json, bench8/bench.md, benchgpt/bench.md (a 6-layer decoder-only
-# transformer, experiment=sort_gpt made GPU-sized) and bench20/bench.md (+ .png), ops.txt and
-# trace.json.gz (profiled steady-state steps); the data paths' samples/s (bench_data) are in the log.
+# tests/test_gpu.py first, then trainer=fsdp killed and resumed from its sharded checkpoint),
+# doctor.json, bench8/bench.md, benchgpt/bench.md (a 6-layer decoder-only transformer, experiment=sort_gpt
+# made GPU-sized) and bench20/bench.md (+ .png), ops.txt and trace.json.gz (profiled steady-state steps);
+# the data paths' samples/s (bench_data) are in the log.
 # LitData (data=shards) is not on the lent machine: its tests skip there and bench_data leaves the
 # streamed rows out.
 #
@@ -54,6 +55,8 @@ step doctor 45 "$PY" -m lightspeed.doctor --json "$OUT/doctor.json"
 # the gpu-marked tests: sync debug mode `error` in steady steps, no recompile under inductor, channels_last
 # and bf16 in effect (tests/test_gpu.py); then the fast suite on the GPU (the sync count there with "warn")
 step gpu_tests 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_gpu.py
+# trainer=fsdp, one process: killed after its first sharded checkpoint, resumed to an uninterrupted run's weights
+step fsdp 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_sharded.py
 step tests 120 "$PY" -m pytest -q -m "not slow and not gpu" -p no:cacheprovider $XDIST tests
 # bench.md is rewritten after every round of configs: a bench cut short still leaves its table
 step bench_resnet8 170 "$PY" -m lightspeed.bench --steps 200 --repeats 2 --out "$OUT/bench8" \

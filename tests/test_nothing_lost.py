@@ -749,6 +749,24 @@ def test_hydra_mode_multirun_is_a_sweep_too() -> None:
     check_composes("train", ["hydra.mode=MULTIRUN", "seed=1,2"])  # a sweep: each job checks its own value
 
 
+def test_a_launcher_whose_plugin_is_missing_is_one_line_naming_the_extra(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if "submitit" in name else real(name, *a)
+    )
+    for launcher in ("slurm", "local"):
+        with pytest.raises(ConfigError, match=rf"^hydra/launcher={launcher} needs .* EXTRAS=dev,cluster"):
+            check_composes("train", ["-m", f"hydra/launcher={launcher}", "seed=1,2"])
+    check_composes("train", ["-m", "hydra/launcher=basic", "seed=1,2"])  # Hydra's own: no plugin
+
+
+def test_fsdp_on_a_cpu_is_one_line_naming_what_works_there(train_cfg) -> None:
+    with pytest.raises(ConfigError, match=r"^trainer=fsdp needs GPUs .* trainer=ddp_cpu"):
+        validate_train(train_cfg("trainer=fsdp", "trainer.accelerator=cpu"))
+
+
 def test_a_crash_after_which_lightning_exits_1_is_not_reported_as_ctrl_c() -> None:
     strategy = SimpleNamespace(launcher=None, cluster_environment=None)
     trainer = SimpleNamespace(interrupted=True, world_size=1, global_rank=0, strategy=strategy)

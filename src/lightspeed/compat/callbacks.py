@@ -156,7 +156,8 @@ def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
         except ValueError:  # not a file of the run's folder: left as it was
             return path
 
-    if not any(Path(str(here(state.get(k)))).is_file() for k in ("best_model_path", "last_model_path")):
+    found = [here(state.get(k)) for k in ("best_model_path", "last_model_path")]
+    if not any(isinstance(f, str) and f and Path(f).exists() for f in found):  # a file, or a sharded folder
         return state  # not this folder's files (a new run fine-tuning from another's): Lightning's rules
     state = dict(state, dirpath=dirpath)
     for key in ("best_model_path", "kth_best_model_path", "last_model_path"):

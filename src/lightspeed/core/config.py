@@ -277,12 +277,15 @@ CLUSTER_VARIABLES = (
 
 
 def check_checkpoint_path(path: Path, other: str = "") -> None:
-    """A `ckpt_path` that is a file; a folder or a missing path is one line saying which."""
+    """A `ckpt_path` that is a file or a sharded checkpoint's folder; another folder or a missing path is
+    one line saying which."""
     if path.exists() and not path.is_dir() and not path.is_file():
         raise ConfigError(
             f"ckpt_path={path} is not a regular file (a fifo, a device): pass the path of a .ckpt file"
             f"{', ' + other if other else ''}"
         )
+    if path.is_dir() and ((path / "meta.pt").is_file() or (path / ".metadata").is_file()):
+        return  # a sharded checkpoint (resilience/sharded.py)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
         hint = f" (it holds {', '.join(found)})" if found else ""
@@ -406,6 +409,13 @@ def _validate_strategy(cfg: DictConfig) -> None:
         raise ConfigError(
             f"trainer.strategy={strategy} is not a Lightning strategy: use auto, ddp, ddp_spawn, fsdp, "
             "deepspeed or another name in lightning.pytorch.strategies.StrategyRegistry (or trainer=ddp)"
+        )
+    target = strategy.get("_target_") if isinstance(strategy, DictConfig) else None
+    fsdp = strategy == "fsdp" or (isinstance(target, str) and target.rsplit(".", 1)[-1] == "FSDPStrategy")
+    if fsdp and OmegaConf.select(cfg, "trainer.accelerator", default="auto") == "cpu":
+        raise ConfigError(
+            "trainer=fsdp needs GPUs (Lightning 2.6 refuses FSDP on a CPU): on a CPU use trainer=ddp_cpu, "
+            "with trainer.strategy._target_=lightspeed.resilience.sharded.DDPStrategy for sharded checkpoints"
         )
 
 

@@ -46,9 +46,12 @@ def _newest_saved(trainer: L.Trainer) -> str:
     """What a rerun continues from, in words."""
     callback = trainer.checkpoint_callback
     path = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
-    if not path or not Path(path).is_file():
+    if not path or not Path(path).exists():
         return "no checkpoint was saved yet (a rerun starts over)"
-    step = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step")
+    if Path(path).is_dir():  # sharded (resilience/sharded.py): its meta.pt holds the position
+        step = torch.load(Path(path) / "meta.pt", map_location="cpu", weights_only=True).get("global_step")
+    else:
+        step = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step")
     return f"the newest checkpoint is {path} (step {step}); rerun the same command to continue from it"
 
 

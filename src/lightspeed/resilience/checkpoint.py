@@ -128,8 +128,8 @@ def problem(path: Path) -> str | None:
 def why(err: BaseException, path: Any) -> str:
     """What a failed `torch.load(..., weights_only=True)` of `path` says about the file, in a few words."""
     file = Path(path)
-    if file.is_dir():
-        return "a folder, not a file"
+    if file.is_dir():  # a sharded checkpoint (sharded.py) refuses what is not plain data as pickle does
+        return "holds Python objects" if isinstance(err, pickle.UnpicklingError) else "a folder, not a file"
     if not file.exists():
         return "does not exist"
     if file.stat().st_size > 0 and not _is_zip(file):
@@ -202,7 +202,12 @@ def loading(path: Any) -> Iterator[None]:
 
 
 #: Where a checkpoint is read or restored: torch.load, Lightning's checkpoint connector and loader.
-_LOADING_FILES = ("torch/serialization.py", "connectors/checkpoint_connector.py", "core/saving.py")
+_LOADING_FILES = (
+    "torch/serialization.py",
+    "connectors/checkpoint_connector.py",
+    "core/saving.py",
+    "lightspeed/resilience/sharded.py",
+)
 
 
 def _from_a_load(err: BaseException) -> bool:

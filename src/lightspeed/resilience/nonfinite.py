@@ -83,11 +83,15 @@ class NonFiniteGuard(L.Callback):
         when the loss stayed finite (gradients that overflowed)."""
         self._check(trainer)
         params = [p.detach() for p in pl_module.parameters()]
-        if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+        finite = torch.stack([torch.isfinite(p).all() for p in params]).all() if params else torch.tensor(1)
+        if trainer.world_size > 1:  # FSDP's ranks each hold a part of the weights: agree on all of them
+            flag = finite.to(device=trainer.strategy.root_device, dtype=torch.int32)
+            finite = trainer.strategy.reduce(flag, reduce_op="min")
+        if not bool(finite):
             raise TrainingFailure(
                 f"the weights are not finite at step {trainer.global_step} (overflowing gradients?): "
                 f"not saved, stopped; {ADVICE}",
-                agreed=True,  # DDP ranks hold the same weights
+                agreed=True,  # every rank reduced the same flag
             )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -10,6 +10,7 @@ refused, naming the keys that differ.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
@@ -18,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.utils import get_class
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.core.config import ConfigError
-from lightspeed.resilience import checkpoint, identity
+from lightspeed.resilience import checkpoint, identity, sharded
 
 
 def checkpoint_dir(cfg: DictConfig) -> Path:
@@ -35,7 +37,10 @@ def inspect(path: Path, warn: bool = True) -> dict[str, Any] | None:
     """The checkpoint's loop position, latest metrics and run identity if it loads as plain data, else
     None (with one warning line, unless `warn` is false)."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if path.is_dir():  # a sharded checkpoint (resilience/sharded.py): its meta.pt says the same
+            ckpt = sharded.read_meta(path)
+        else:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return {
             "global_step": int(ckpt["global_step"]),
             "epoch": int(ckpt["epoch"]),
@@ -44,10 +49,14 @@ def inspect(path: Path, warn: bool = True) -> dict[str, Any] | None:
         }
     except (pickle.UnpicklingError, EOFError, RuntimeError, KeyError, OSError, ValueError, TypeError) as err:
         if warn:
-            rank_zero_warn(
-                f"resume=auto: skipping {path}: not a loadable checkpoint ({checkpoint.why(err, path)})"
-            )
+            why = sharded.problem(path) if path.is_dir() else checkpoint.why(err, path)
+            rank_zero_warn(f"resume=auto: skipping {path}: not a loadable checkpoint ({why})")
         return None
+
+
+def problem(path: Path) -> str | None:
+    """`checkpoint.problem`, for a sharded checkpoint (a folder) too."""
+    return sharded.problem(path) if path.is_dir() else checkpoint.problem(path)
 
 
 def foreign(info: dict[str, Any], ident: dict[str, Any], adopted: bool) -> str | None:
@@ -64,6 +73,8 @@ def latest(folder: Path, ident: dict[str, Any], adopted: bool = False) -> tuple[
     """This run's checkpoint furthest into training (then the newest file) in `folder` that checks out
     (`checkpoint.problem`); each one passed over is named in a warning line."""
     found = []
+    with contextlib.suppress(OSError):  # another rank may be putting it back at the same moment
+        sharded.recover(folder)
     for path in folder.glob("*.ckpt") if folder.is_dir() else ():
         info = inspect(path)
         if info is None:
@@ -72,9 +83,13 @@ def latest(folder: Path, ident: dict[str, Any], adopted: bool = False) -> tuple[
         if reason is not None:
             rank_zero_warn(f"resume=auto: skipping {path}: {reason}")
             continue
-        found.append(((info["global_step"], path.stat().st_mtime), path, info))
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:  # renamed away since (another rank's sharded.recover, a save's swap)
+            continue
+        found.append(((info["global_step"], mtime), path, info))
     for _, path, info in sorted(found, key=lambda f: f[0], reverse=True):
-        reason = checkpoint.problem(path)
+        reason = problem(path)
         if reason is None:
             return path, info
         rank_zero_warn(f"resume=auto: skipping {path}: {reason}")
@@ -93,8 +108,9 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
     ident = ident if ident is not None else identity.of(cfg)
     if cfg.get("ckpt_path"):
         path = Path(str(cfg.ckpt_path))
+        _check_strategy_loads(cfg, path, "ckpt_path")
         info = inspect(path, warn=False)  # one that does not load: its load gives the one-line error
-        reason = checkpoint.problem(path) if info is not None else None
+        reason = problem(path) if info is not None else None
         if reason is not None:
             raise ConfigError(f"ckpt_path={path} cannot be trained from: {reason}; pass another checkpoint")
         identity.write_record(run_dir, ident)
@@ -125,6 +141,7 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
         identity.write_record(run_dir, ident, adopted)
         return None, None
     path, info = found
+    _check_strategy_loads(cfg, path, "resume=auto found")
     if mode == "never":
         raise ConfigError(
             f"resume=never, but {folder} already holds checkpoints (newest: {path.name}, step "
@@ -137,6 +154,23 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
     return str(path), info
 
 
+def _check_strategy_loads(cfg: DictConfig, path: Path, what: str) -> None:
+    """A sharded checkpoint (a folder) loads only through a strategy that writes them: one line otherwise."""
+    if not path.is_dir():
+        return
+    target = OmegaConf.select(cfg, "trainer.strategy._target_", default=None)
+    try:
+        ok = target is not None and issubclass(get_class(str(target)), sharded.ShardedCheckpoints)
+    except (ImportError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"{what} {path}, a sharded checkpoint: continue it with the strategy that wrote it "
+            "(trainer=fsdp, or trainer.strategy._target_=lightspeed.resilience.sharded.DDPStrategy), or make "
+            f"it one file for other uses: python -m lightspeed.resilience.sharded {path} <file.ckpt>"
+        )
+
+
 def _point_at_siblings(folder: Path) -> None:
     """A new run: if runs of the same experiment with other settings have checkpoints, say how to
     continue the newest of them instead (a changed batch size, say, starts a new run)."""
@@ -145,7 +179,7 @@ def _point_at_siblings(folder: Path) -> None:
     siblings = [
         p / "checkpoints" / "last.ckpt"
         for p in run.parent.glob(f"{prefix}-*")
-        if p != run and (p / "checkpoints" / "last.ckpt").is_file()
+        if p != run and (p / "checkpoints" / "last.ckpt").exists()  # a file, or a sharded folder
     ]
     if siblings:
         newest = max(siblings, key=lambda p: p.stat().st_mtime)
@@ -161,10 +195,16 @@ def _bring_last_up_to_date(path: Path, info: dict[str, Any]) -> None:
     one; last.ckpt, which users and `eval` take for the newest state, is made a copy of it (written
     atomically), or a run that has nothing left to train would leave it behind for good."""
     last = path.with_name("last.ckpt")
-    if path == last or not last.is_file():
+    if path == last or not last.exists():
         return
     behind = inspect(last, warn=False)
-    if behind is None or behind["global_step"] < info["global_step"] or checkpoint.problem(last) is not None:
+    if behind is None or behind["global_step"] < info["global_step"] or problem(last) is not None:
+        if path.is_dir():  # sharded: a copy of the folder, renamed into place as a save does
+            partial = last.with_name(f".{last.name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(path, partial)
+            sharded.swap_into_place(partial, last)
+            return
         tmp = last.with_name(f"{last.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
         shutil.copyfile(path, tmp)
         os.replace(tmp, last)

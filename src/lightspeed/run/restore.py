@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, check_checkpoint_path, check_data_targets
-from lightspeed.resilience import checkpoint
+from lightspeed.resilience import checkpoint, sharded
 
 
 def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
@@ -37,12 +37,12 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
         if not isinstance(best, str) or not best:
             continue
         path = Path(best)
-        if not path.is_file() and isinstance(
+        if not path.exists() and isinstance(
             record.get("run_dir"), str
         ):  # the run's folder was moved: the file in it
             with contextlib.suppress(ValueError):
                 path = found.parent / path.relative_to(record["run_dir"])
-        if path.is_file():
+        if path.is_file() or sharded.is_sharded(path):
             return path
     raise ConfigError(
         f"ckpt_path=latest found no training run with a best checkpoint under {log_dir / 'train'}: "
@@ -56,14 +56,27 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
     ckpt = find_checkpoint(str(cfg.ckpt_path), Path(cfg.paths.log_dir))
     # map_location="cpu": a checkpoint saved on a GPU loads on any machine; the Trainer then moves
     # the model to whatever device this run uses. weights_only: loading never executes code.
+    if ckpt.is_dir():  # sharded (trainer=fsdp): gathered into one checkpoint in memory, on the CPU
+        reason = sharded.problem(ckpt)
+        if reason is not None:
+            raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
     with checkpoint.loading(ckpt):
-        stored = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+        source: Any = sharded.one_file_bytes(ckpt) if ckpt.is_dir() else ckpt
+        stored = torch.load(source, map_location="cpu", weights_only=True, mmap=not ckpt.is_dir())
         module_cls = _module_class(cfg, stored, ckpt)
-        model = module_cls.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
-    reason = checkpoint.problem(ckpt)  # it loads: is it sound? (a NaN model scores as if it were)
+        if ckpt.is_dir():
+            source.seek(0)
+        model = module_cls.load_from_checkpoint(source, map_location="cpu", weights_only=True)
+    reason = _weights_problem(stored) if ckpt.is_dir() else checkpoint.problem(ckpt)  # a NaN model scores
     if reason is not None:
         raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
     return ckpt, stored, model
+
+
+def _weights_problem(stored: dict[str, Any]) -> str | None:
+    """`checkpoint.problem`'s last check, for a checkpoint gathered in memory (the rest: sharded.problem)."""
+    weights = [t for t in stored["state_dict"].values() if torch.is_tensor(t) and t.is_floating_point()]
+    return None if all(bool(torch.isfinite(t).all()) for t in weights) else "its weights are not finite"
 
 
 def _run_model_config(stored: dict[str, Any]) -> dict[str, Any]:
