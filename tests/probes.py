@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightspeed.data import DigitsDataModule
 from lightspeed.data.diabetes import DiabetesDataModule
 from lightspeed.models.classifier import Classifier
+from lightspeed.resilience.identity import RunIdentity, digest
 from lightspeed.speed.accel import compiled_frames
 
 
@@ -59,6 +60,9 @@ class RankProbe(L.Callback):
                 getattr(trainer.train_dataloader, "dataset", None) or trainer.datamodule.splits["train"]
             ),
             "loader": type(trainer.train_dataloader).__name__,
+            "identity": next(  # the run identity this rank computed from its own command line
+                (digest(cb.ident) for cb in trainer.callbacks if isinstance(cb, RunIdentity)), None
+            ),
         }
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(facts))
 

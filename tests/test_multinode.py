@@ -106,6 +106,7 @@ def test_two_nodes_train_one_run_on_disjoint_data_written_by_rank_0_alone(tmp_pa
     assert "Lightspeed: training finished" in logs[0] and "training finished" not in logs[1]  # one summary
     record = json.loads((run / "run.json").read_text())
     assert len(record["attempts"]) == 1  # one identity record, one attempt: rank 0's
+    assert ranks[0]["identity"] == ranks[1]["identity"] == record["identity"]  # each node computed the same
     holder = json.loads((run / ".lock").read_text())  # taken once: node 1 taking it too would have failed
     assert "trainer.num_nodes=2" in holder["command"] and (run / "summary.json").is_file()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted(
