@@ -3,6 +3,8 @@ version: when an upgrade breaks one, the failing test names it and the compat fu
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from typing import Any
 
@@ -124,6 +126,30 @@ def test_the_launcher_keeps_the_ranks_it_started() -> None:
 
     launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
     assert launcher.procs == [], broken("_SubprocessScriptLauncher.procs", "trainer.launched_ranks")
+
+
+def test_the_launchers_observer_disarmed_no_longer_kills_this_process_when_a_rank_dies() -> None:
+    """Lightning's observer SIGKILLs the main process when a rank exits non-zero; disarmed (as
+    kill_launched_ranks does before it kills the ranks), it leaves it alone. In a child process, with a
+    real observer watching a real process that fails."""
+    script = (
+        "import subprocess, sys, time\n"
+        "from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver\n"
+        "from lightspeed.compat.trainer import disarm_child_observer\n"
+        "import os\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'])\n"
+        "_ChildProcessObserver(os.getpid(), [child], sleep_period=1).start()\n"
+        "if sys.argv[1] == 'disarm':\n"
+        "    disarm_child_observer()\n"
+        "time.sleep(3)\n"
+        "print('alive')\n"
+    )
+    armed = subprocess.run([sys.executable, "-c", script, "keep"], capture_output=True, text=True)
+    assert armed.returncode == -9 and "alive" not in armed.stdout  # what the observer does
+    disarmed = subprocess.run([sys.executable, "-c", script, "disarm"], capture_output=True, text=True)
+    assert disarmed.returncode == 0 and "alive" in disarmed.stdout, broken(
+        "_ChildProcessObserver watches _child_processes", "trainer.disarm_child_observer"
+    )
 
 
 def test_a_metric_marked_updated_computes_its_state_without_a_warning() -> None:

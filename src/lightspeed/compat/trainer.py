@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from subprocess import Popen
 
 import lightning as L
@@ -12,6 +13,7 @@ from torchmetrics import Metric
 __all__ = [
     "UnrepeatedDistributedSampler",
     "batches_done_in_epoch",
+    "disarm_child_observer",
     "is_last_batch",
     "kill_launched_ranks",
     "launched_ranks",
@@ -42,8 +44,21 @@ def launched_ranks(trainer: L.Trainer) -> list[Popen]:
 
 
 def kill_launched_ranks(trainer: L.Trainer) -> None:
-    """SIGKILL the ranks Lightning's launcher started (its `kill`)."""
+    """SIGKILL the ranks Lightning's launcher started (its `kill`), after disarming the launcher's
+    child-process observer: that thread wakes every 5 s and, finding a rank that exited non-zero,
+    SIGKILLs this process too; it did, in CI, before this process had printed why it stopped."""
+    disarm_child_observer()
     trainer.strategy.launcher.kill(signal.SIGKILL)
+
+
+def disarm_child_observer() -> None:
+    """Leave Lightning's `_ChildProcessObserver` nothing to watch: its next look finds no rank and ends."""
+    for thread in threading.enumerate():
+        if thread.name == _OBSERVER and hasattr(thread, "_child_processes"):
+            thread._child_processes = []
+
+
+_OBSERVER = "child-process-observer"  # lightning.fabric.strategies.launchers.subprocess_script
 
 
 def mark_updated(metric: Metric) -> None:
