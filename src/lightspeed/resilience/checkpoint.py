@@ -119,6 +119,11 @@ def problem(path: Path) -> str | None:
     stored = ckpt.get(CHECKSUM_KEY)
     if stored is not None and stored != checksum(ckpt):
         return "its tensors no longer match their checksum (corrupted on disk?)"
+    return nonfinite_weights(ckpt)
+
+
+def nonfinite_weights(ckpt: dict[str, Any]) -> str | None:
+    """Why a loaded checkpoint's weights must not be used (NaN or inf), or None."""
     weights = [t for t in (ckpt.get("state_dict") or {}).values() if isinstance(t, torch.Tensor)]
     if not all(bool(torch.isfinite(t).all()) for t in weights if t.is_floating_point()):
         return "its weights are not finite (NaN or inf)"

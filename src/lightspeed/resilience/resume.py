@@ -54,9 +54,7 @@ def inspect(path: Path, warn: bool = True) -> dict[str, Any] | None:
         return None
 
 
-def problem(path: Path) -> str | None:
-    """`checkpoint.problem`, for a sharded checkpoint (a folder) too."""
-    return sharded.problem(path) if path.is_dir() else checkpoint.problem(path)
+problem = sharded.any_problem  # `checkpoint.problem`, for a sharded checkpoint (a folder) too
 
 
 def foreign(info: dict[str, Any], ident: dict[str, Any], adopted: bool) -> str | None:

@@ -232,6 +232,11 @@ def problem(folder: Path) -> str | None:
     return None
 
 
+def any_problem(path: Path) -> str | None:
+    """`problem` for a sharded checkpoint (a folder), `checkpoint.problem` for a one-file one."""
+    return problem(path) if path.is_dir() else one_file.problem(path)
+
+
 def to_one_file(folder: Path) -> dict[str, Any]:
     """The sharded checkpoint as one Lightning checkpoint dict (whole weights, on the CPU, no optimizer
     states), in one process, no process group: what `eval` loads, or `python -m` this module writes."""
@@ -333,8 +338,7 @@ def recover(checkpoints: Path) -> None:
     none under its name: rename it back (the finished `.partial`, if any, is dropped)."""
     for old in checkpoints.glob(".*.ckpt.old") if checkpoints.is_dir() else ():
         target = old.with_name(old.name[1 : -len(".old")])
-        sound = problem(old) if old.is_dir() else one_file.problem(old)
-        if not target.exists() and sound is None:
+        if not target.exists() and any_problem(old) is None:
             os.rename(old, target)
 
 

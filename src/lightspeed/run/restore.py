@@ -67,16 +67,11 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
         if ckpt.is_dir():
             source.seek(0)
         model = module_cls.load_from_checkpoint(source, map_location="cpu", weights_only=True)
-    reason = _weights_problem(stored) if ckpt.is_dir() else checkpoint.problem(ckpt)  # a NaN model scores
+    # it loads: is it sound? (a NaN model scores as if it were; a folder's files were checked above)
+    reason = checkpoint.nonfinite_weights(stored) if ckpt.is_dir() else checkpoint.problem(ckpt)
     if reason is not None:
         raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
     return ckpt, stored, model
-
-
-def _weights_problem(stored: dict[str, Any]) -> str | None:
-    """`checkpoint.problem`'s last check, for a checkpoint gathered in memory (the rest: sharded.problem)."""
-    weights = [t for t in stored["state_dict"].values() if torch.is_tensor(t) and t.is_floating_point()]
-    return None if all(bool(torch.isfinite(t).all()) for t in weights) else "its weights are not finite"
 
 
 def _run_model_config(stored: dict[str, Any]) -> dict[str, Any]:
