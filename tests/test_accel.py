@@ -376,7 +376,7 @@ def test_every_loader_auto_is_resolved_once_for_the_run_s_devices(train_cfg, mon
     assert (cfg.trainer.precision, cfg.trainer.benchmark) == ("bf16-mixed", True)
     loader = {k: v for k, v in cfg.data.items() if k in accel.LOADER_KNOBS and k != "on_device"}
     assert "auto" not in loader.values()  # on_device=auto is decided where the data's size is known
-    from lightspeed import CONF_DIR
+    from lightspeed import ENGINE_CONF
 
-    trainer_files = "".join(p.read_text() for p in (CONF_DIR / "trainer").glob("*.yaml"))
+    trainer_files = "".join(p.read_text() for p in (ENGINE_CONF / "trainer").glob("*.yaml"))
     assert "precision:" not in trainer_files and "benchmark:" not in trainer_files  # the accel preset's

@@ -44,10 +44,12 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     tagger_yaml = GUIDE[GUIDE.index("conf/data/tags.yaml` and") :]
     (project / "conf/model/tagger.yaml").write_text(re.findall(r"```yaml\n(.*?)```", tagger_yaml, re.S)[1])
     added = ["src/lightspeed/data", "src/lightspeed/models", "conf"]  # nothing else of src/lightspeed
-    preset = project / "conf/accel/default.yaml"
-    line = "  precision: auto "
-    assert preset.read_text().count(line) == 1, "the one line the guide changes"
-    preset.write_text(preset.read_text().replace(line, "  precision: bf16-mixed "))
+    (project / "conf/accel").mkdir()
+    (project / "conf/accel/bf16.yaml").write_text(block("conf/accel/bf16.yaml", "yaml"))
+    for primary in (project / "conf/train.yaml", project / "conf/eval.yaml"):
+        line = "  - accel: default"
+        assert primary.read_text().count(line) == 1, f"the one line the guide changes in {primary.name}"
+        primary.write_text(primary.read_text().replace(line, "  - accel: bf16"))
 
     shutil.copytree(REPO / "tests", project / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", project)  # the same pytest settings

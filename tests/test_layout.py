@@ -13,7 +13,7 @@ PACKAGE = Path(lightspeed.__file__).parent
 
 #: Floors, lowest first; a room is a subpackage or a top-level module.
 FLOORS: list[set[str]] = [
-    {"compat"},  # the one door to Lightning's internals
+    {"compat", "conf"},  # the one door to Lightning's internals; the engine's config groups (yaml only)
     {"core"},  # config, device facts, failures, logs, summary
     {"models", "data", "testing"},  # the user's part
     {"resilience", "speed", "report"},  # the machinery, by concern
@@ -27,7 +27,8 @@ FLOORS: list[set[str]] = [
         "doctor",
         "compare",
         "callbacks",
-    },  # the commands, and the names conf/ uses
+        "cli",
+    },  # the commands (and `lightspeed <command>`), and the names conf/ uses
 ]
 
 

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from conftest import TINY
 from fakes import fake_downloads, give_data_folder
-from lightspeed import CONF_DIR
+from lightspeed import CONF_DIR, CONF_DIRS
 from lightspeed.core.config import ConfigError
 from lightspeed.models.nets import NETS, _discover, build_net
 from lightspeed.run import build
@@ -26,12 +26,12 @@ from lightspeed.train import train
 
 _discover()
 
-GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
+GROUPS = sorted({p.name for d in CONF_DIRS for p in d.iterdir() if p.is_dir() and any(p.glob("*.yaml"))})
 QUIET = [o for o in TINY if "batches" not in o and "max_epochs" not in o]
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    return sorted({p.stem for d in CONF_DIRS for p in (d / group).glob("*.yaml")})
 
 
 def defaults_first(group: str) -> list[str]:

@@ -21,7 +21,7 @@ import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from lightspeed import CONF_DIR
+from lightspeed import CONF_DIR, CONF_DIRS
 
 #: Exit code for a bad config (training failures exit 1, like any Python error).
 CONFIG_ERROR_EXIT = 2
@@ -319,14 +319,14 @@ def validate_common(cfg: DictConfig) -> None:
 # `_target_` read from it must be a class that a yaml file of conf/ names, or it is refused in one line.
 
 
-def conf_targets(conf_dir: Path = CONF_DIR) -> frozenset[str]:
-    """Every class the repository's own `conf/` names by `_target_` (by exact name, as parsed: block or
-    flow style), the classes that data (a checkpoint) may name beside the repository's own models and
-    data sets."""
+def conf_targets(conf_dirs: Sequence[Path] = CONF_DIRS) -> frozenset[str]:
+    """Every class the project's `conf/` or the engine's config groups name by `_target_` (by exact name,
+    as parsed: block or flow style), the classes that data (a checkpoint) may name beside the repository's
+    own models and data sets."""
     import yaml
 
     found: set[str] = set()
-    for path in conf_dir.rglob("*.yaml"):
+    for path in (p for d in conf_dirs for p in d.rglob("*.yaml")):
         try:
             tree = yaml.safe_load(path.read_text())
         except yaml.YAMLError:
@@ -486,7 +486,7 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
     """A key added at the top level (`+foo=bar`, or `max_steps:` in an experiment file's global package)
     that nothing reads is a mistake: refuse it, naming the closest setting."""
     known = set(OmegaConf.load(CONF_DIR / f"{config_name}.yaml").keys()) | {
-        p.name for p in CONF_DIR.iterdir() if p.is_dir()
+        p.name for d in CONF_DIRS for p in d.iterdir() if p.is_dir()
     }
     known = known - {"defaults", "hydra"}
     for key in cfg:
@@ -584,11 +584,11 @@ def check_folder_names(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={said!r} (as resolved) is invalid: use {allowed}")
 
 
-def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
-    """Refuse `group=option` overrides whose option has no file (in conf/, or a folder `--config-dir`
-    adds), in one line, before Hydra composes (its own message for a missing option is a dozen lines and
-    exits with 1)."""
-    folders = [conf_dir] + [
+def check_group_choices(args: Sequence[str], conf_dirs: Sequence[Path] = CONF_DIRS) -> None:
+    """Refuse `group=option` overrides whose option has no file (in conf/, the engine's groups, or a folder
+    `--config-dir` adds), in one line, before Hydra composes (its own message for a missing option is a
+    dozen lines and exits with 1)."""
+    folders = [*conf_dirs] + [
         Path(args[i + 1] if a in ("--config-dir", "-cd") and i + 1 < len(args) else a.partition("=")[2])
         for i, a in enumerate(args)
         if a in ("--config-dir", "-cd") or a.startswith("--config-dir=")
@@ -596,12 +596,13 @@ def check_group_choices(args: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     for arg in args:
         # a,b,c: a multirun sweep over options; [a,b]: options of one group at once (logger=[csv,mlflow])
         match = re.fullmatch(r"([A-Za-z_][\w/]*)=\[?([\w.,-]+)\]?", arg)
-        if not match or match[1].startswith("hydra") or not (conf_dir / match[1]).is_dir():
+        if not match or match[1].startswith("hydra") or not any((d / match[1]).is_dir() for d in conf_dirs):
             continue
         group, value = match.groups()
         choices = sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
         for option in value.split(","):
             if option not in choices and option != "null":
                 raise ConfigError(
-                    f"{group}={option} is not an option: use one of {', '.join(choices)} (conf/{group}/)"
+                    f"{group}={option} is not an option: use one of {', '.join(choices)} "
+                    f"(or add conf/{group}/{option}.yaml)"
                 )

@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from lightspeed import CONF_DIR
+from lightspeed import CONF_DIR, CONF_DIRS
 from lightspeed.core.config import (
     FOLDER_KEYS,
     ConfigError,
@@ -102,7 +102,7 @@ def check_composes(config_name: str, args: list[str]) -> None:
     sweep = bool(flags & {"-m", "--multirun"}) or any(a.lstrip("+").startswith("hydra.mode=") for a in args)
     swept = [a for a in overrides if _swept(a) or a.lstrip("+").startswith("hydra.mode=")] if sweep else []
     overrides = [a for a in overrides if a not in swept]
-    search = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in extra_dirs)}]"] if extra_dirs else []
+    search = [_searchpath(config_name, extra_dirs)] if extra_dirs else []
     choices = [o for o in overrides if _is_choice(o)]  # the options, without the command line's values
     GlobalHydra.instance().clear()
     try:
@@ -122,6 +122,14 @@ def check_composes(config_name: str, args: list[str]) -> None:
     check_types(OmegaConf.to_container(cfg, resolve=False), OmegaConf.to_container(schema, resolve=False))
 
 
+def _searchpath(config_name: str, extra_dirs: list[str]) -> str:
+    """`--config-dir` as an override of hydra.searchpath: the added folders ahead of the primary config's
+    own entries (the engine's groups), which Hydra keeps when it adds a --config-dir itself."""
+    primary = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
+    own = list(OmegaConf.select(primary, "hydra.searchpath", default=None) or [])
+    return f"hydra.searchpath=[{','.join([*(f'file://{d}' for d in extra_dirs), *own])}]"
+
+
 def _check_launcher_installed(overrides: list[str]) -> None:
     """conf/hydra/launcher/{slurm,local}.yaml build on hydra-submitit-launcher, an extra: without it, one
     line naming the install instead of Hydra's "Could not find 'hydra/launcher/submitit_slurm'"."""
@@ -139,7 +147,7 @@ def _check_launcher_installed(overrides: list[str]) -> None:
 def _is_choice(override: str) -> bool:
     """`group=option` (or `hydra/group=option`, `~group`): picks a file of conf/, sets no value."""
     key = override.lstrip("+~").partition("=")[0]
-    return key.startswith("hydra/") or (CONF_DIR / key).is_dir() or override.startswith("~")
+    return key.startswith("hydra/") or any((d / key).is_dir() for d in CONF_DIRS) or override.startswith("~")
 
 
 def _swept_folder_names(swept: list[str]) -> list[str]:

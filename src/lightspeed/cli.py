@@ -1,0 +1,50 @@
+"""`lightspeed <command> [overrides]`: the engine's commands under one name, and `lightspeed --version`.
+
+Each command is its module's own entry (`lightspeed train x=1` runs what `python -m lightspeed.train x=1`
+runs), so a project calls the engine the same way from its Makefile, a scheduler or a shell.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from lightspeed import __version__
+
+#: command -> (module whose `main` runs it, the overrides it adds, what it does)
+COMMANDS: dict[str, tuple[str, list[str], str]] = {
+    "train": ("lightspeed.train", [], "train (Hydra overrides: trainer=ddp data.batch_size=128 ...)"),
+    "eval": ("lightspeed.eval", [], "test a checkpoint (ckpt_path=..., predict=true)"),
+    "viz": ("lightspeed.eval", ["viz=true"], "feature maps and the worst predictions as PNGs"),
+    "export": ("lightspeed.export", [], "a checkpoint as ONNX and torch.export"),
+    "shards": ("lightspeed.shards", [], "a data set as LitData shards"),
+    "compare": ("lightspeed.compare", [], "several runs on one chart and a table"),
+    "doctor": ("lightspeed.doctor", [], "what this machine can do"),
+    "bench": ("lightspeed.bench", [], "throughput of the presets against a plain PyTorch loop"),
+}
+
+
+def usage() -> str:
+    rows = "\n".join(f"  {name:<8} {what}" for name, (_, _, what) in COMMANDS.items())
+    return f"usage: lightspeed <command> [args]  |  lightspeed --version\n\ncommands:\n{rows}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(f"lightspeed {__version__}")
+        return 0
+    if args[0] not in COMMANDS:
+        print(f"error: {args[0]} is not a command: use one of {', '.join(COMMANDS)} (lightspeed --help)")
+        return 2
+    module, added, _ = COMMANDS[args[0]]
+    entry = importlib.import_module(module).main
+    sys.argv = [f"lightspeed {args[0]}", *added, *args[1:]]  # Hydra's entries read sys.argv
+    return int(entry() or 0)  # argparse's and Hydra's entries alike read sys.argv
+
+
+if __name__ == "__main__":
+    sys.exit(main())
