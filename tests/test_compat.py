@@ -107,19 +107,6 @@ def test_a_hook_set_to_none_is_skipped_by_the_dispatcher() -> None:
     assert Counting.calls == 6, broken("a hook set to None is not called", "hooks.switch_off / skip_empty")
 
 
-def test_the_hook_name_is_a_plain_instance_attribute() -> None:
-    class Named(hooks.CheapHookNames, Tiny):
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            self.seen.append(self.__dict__.get("_current_fx_name"))
-            return super().training_step(batch, batch_idx)
-
-    module = Named()
-    fit(module, [])
-    assert "training_step" in module.seen, broken(
-        "_current_fx_name names the running hook", "hooks.CheapHookNames"
-    )
-
-
 def test_the_launcher_keeps_the_ranks_it_started() -> None:
     from lightning.fabric.plugins.environments import LightningEnvironment
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-import torch
 
 # Hooks that Lightning calls once per batch, through the callable check above, and whose base
 # implementations (Callback, ModelHooks) are empty.
@@ -57,49 +56,6 @@ def switch_off(obj: Any, names: tuple[str, ...]) -> None:
 
 
 def speed_up_module(module: L.LightningModule) -> list[str]:
-    """A LightningModule's per-step hook overhead, cut without touching its code: `skip_empty` for its
-    training hooks (see EVALUATION), and `CheapHookNames` mixed into its class (the instance becomes one
-    of a subclass of the same name, made once per class). Returns the hooks taken off."""
-    cls = type(module)
-    # a class of the user's with a __setattr__ of its own keeps it: the shortcut would bypass it
-    own_setattr = any("__setattr__" in vars(c) for c in cls.__mro__[: cls.__mro__.index(torch.nn.Module)])
-    if not issubclass(cls, CheapHookNames) and not own_setattr:
-        if cls not in _CHEAP:
-            names = {
-                "__module__": cls.__module__,
-                "__qualname__": cls.__qualname__,
-                "__reduce_ex__": _as_base,
-            }
-            _CHEAP[cls] = type(cls.__name__, (CheapHookNames, cls), names)
-        module.__class__ = _CHEAP[cls]
+    """A LightningModule's per-step hook overhead, cut without touching its code or its class: `skip_empty`
+    for its training hooks (see EVALUATION). Returns the hooks taken off."""
     return skip_empty(module, L.LightningModule, TRAINING)
-
-
-def _as_base(self: Any, protocol: Any) -> Any:
-    """Pickled (and deep-copied) as an instance of the user's own class, which pickle can find by name."""
-    return _new, (type(self).__bases__[1],), self.__getstate__()
-
-
-def _new(cls: type) -> Any:
-    return cls.__new__(cls)
-
-
-class CheapHookNames:
-    """Sets Lightning's hook name on the module without `nn.Module.__setattr__`.
-
-    Lightning names the running hook on the LightningModule (`_current_fx_name`, for `self.log`) before
-    and after each module, callback and strategy hook it calls (trainer/call.py): ~28 sets a training step
-    with the default callbacks, each through `nn.Module.__setattr__`, which checks the value against
-    parameters, buffers and submodules (~2.5 us on this CPU). A name (a string, or None) is none of those,
-    so it goes straight into the instance's dict, where `nn.Module` would put it too. Every other
-    attribute, and any other value, takes `nn.Module`'s path as before.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "_current_fx_name" and (value is None or type(value) is str):
-            self.__dict__[name] = value
-            return
-        super().__setattr__(name, value)
-
-
-_CHEAP: dict[type, type] = {}  # a module class -> its subclass with CheapHookNames first
