@@ -30,10 +30,8 @@ class Tiny(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(2, 2)
-        self.seen: list[Any] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        self.seen.append(compat.logs_this_step(self.trainer))
         return self.layer(batch[0]).sum()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -60,14 +58,6 @@ def fit(module: L.LightningModule, callbacks: list[L.Callback], **kwargs: Any) -
 
 def test_lightning_is_the_minor_series_the_compat_layer_was_checked_on() -> None:
     assert VERSION.startswith("2.6."), broken("the version pin (lightning 2.6.x in pyproject.toml)", "*")
-
-
-def test_logs_this_step_follows_log_every_n_steps() -> None:
-    module = Tiny()
-    fit(module, [], log_every_n_steps=2)
-    assert module.seen == [False, True, False, True, False, True], broken(
-        "_logger_connector.should_update_logs", "trainer.logs_this_step"
-    )
 
 
 class Record(L.Callback):

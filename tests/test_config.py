@@ -18,8 +18,7 @@ def test_an_unknown_option_is_named_with_the_options_there_are() -> None:
     with pytest.raises(ConfigError) as err:
         check_group_choices(["trainer=foo"])  # what the command line checks first
     assert (
-        str(err.value)
-        == f"trainer=foo is not an option: use one of {', '.join(options('trainer'))} "
+        str(err.value) == f"trainer=foo is not an option: use one of {', '.join(options('trainer'))} "
         "(or add conf/trainer/foo.yaml)"
     )
 

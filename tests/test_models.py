@@ -133,3 +133,51 @@ def test_a_second_fit_of_the_same_module_logs_its_training_accuracy_again() -> N
         trainer.fit(model, datamodule=dm)
         assert "train/acc" in trainer.callback_metrics  # registered, logged and reset at the epoch's end
         assert int(model.train_acc.total) == 0
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_classifier_logs_its_loss_at_every_step_the_logger_writes(tmp_path, accumulate: int) -> None:
+    """Plain Lightning, no engine internals: the module logs at the first and last batch of each epoch and
+    where the logger writes (every log_every_n_steps optimizer steps), so every row the logger writes has
+    that step's training loss, not an earlier step's."""
+    import csv
+
+    from lightning.pytorch import Callback
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightspeed.data import DigitsDataModule
+
+    class Written(Callback):
+        """Step -> the loss of the batch at whose end the logger writes (Lightning's own test of that; with
+        accumulation, each batch of the window writes at the same step: the last one's stays)."""
+
+        def __init__(self) -> None:
+            self.losses: dict[int, float] = {}
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            if trainer._logger_connector.should_update_logs:
+                self.losses[trainer.fit_loop.epoch_loop._batches_that_stepped] = (
+                    float(outputs["loss"]) * trainer.accumulate_grad_batches
+                )  # scaled for backward
+
+    model = Classifier(
+        {"name": "mlp", "hidden": [16]}, {"name": "SGD", "lr": 0.1}, {"name": "none"}, 10, [1, 8, 8]
+    )
+    trainer = Trainer(
+        max_epochs=2,
+        limit_train_batches=12,
+        limit_val_batches=0,
+        log_every_n_steps=2,
+        accumulate_grad_batches=accumulate,
+        logger=CSVLogger(tmp_path, name="csv", version=0),
+        callbacks=[written := Written()],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, datamodule=DigitsDataModule(batch_size=32, num_workers=0))
+    rows = list(csv.DictReader((tmp_path / "csv" / "version_0" / "metrics.csv").open()))
+    logged = {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+    assert len(written.losses) == 2 * 12 // accumulate // 2  # optimizer steps / log_every_n_steps
+    assert sorted(logged) == sorted(written.losses)
+    assert [logged[s] for s in sorted(logged)] == pytest.approx([written.losses[s] for s in sorted(logged)])

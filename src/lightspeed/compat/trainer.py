@@ -17,14 +17,8 @@ __all__ = [
     "is_last_batch",
     "kill_launched_ranks",
     "launched_ranks",
-    "logs_this_step",
     "mark_updated",
 ]
-
-
-def logs_this_step(trainer: L.Trainer) -> bool:
-    """Whether the logger writes at this training step (every `log_every_n_steps`)."""
-    return bool(trainer._logger_connector.should_update_logs)
 
 
 def is_last_batch(trainer: L.Trainer) -> bool:

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from lightspeed.compat.trainer import is_last_batch, logs_this_step
 from lightspeed.models import optim
 from lightspeed.models.metrics import Accuracy
 from lightspeed.models.nets import build_net
@@ -56,9 +55,15 @@ class Classifier(L.LightningModule):
         logits = self(x)
         loss = self.loss(logits, y)
         self.train_acc.update(logits, y)  # on the device; computed at the epoch's end
-        # Logged where the logger writes, and at each epoch's first and last batch (the accuracy is the
-        # epoch's, computed at its end): each self.log costs Python time, though no device sync.
-        if batch_idx == 0 or logs_this_step(self.trainer) or is_last_batch(self.trainer):
+        # Logged where the logger writes (every log_every_n_steps optimizer steps), and at each epoch's
+        # first and last batch (the accuracy is the epoch's, computed at its end): each self.log costs
+        # Python time, though no device sync.
+        trainer, every = self.trainer, self.trainer.log_every_n_steps
+        if (
+            batch_idx in (0, trainer.num_training_batches - 1)
+            or (every and (trainer.global_step + 1) % every == 0)
+            or trainer.should_stop
+        ):
             self.log("train/loss", loss)  # not prog_bar: Lightning would read a bar metric every batch
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
