@@ -1,0 +1,53 @@
+"""The README's own commands: its first change trains as it says, and its overrides compose."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightspeed import CONF_DIR
+
+README = (CONF_DIR.parent / "README.md").read_text()
+
+
+def test_the_readme_is_short() -> None:
+    assert len(README.splitlines()) <= 200
+
+
+def test_the_first_change_is_an_experiment_that_composes_as_written(tmp_path: Path) -> None:
+    yaml = re.search(r"`conf/experiment/digits_wide\.yaml`:\n\n```yaml\n(.*?)```", README, re.S)[1]
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf, ignore=shutil.ignore_patterns("local"))
+    (conf / "experiment" / "digits_wide.yaml").write_text(yaml)
+    assert "make train experiment=digits_wide" in README
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightspeed.train", "experiment=digits_wide", "--cfg", "job"],
+        cwd=tmp_path, env={**os.environ, "LIGHTSPEED_CONF": str(conf)}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "    hidden:\n    - 512\n    - 512\n" in proc.stdout and "  max_epochs: 20\n" in proc.stdout
+    assert "name: mlp" in proc.stdout
+
+
+OVERRIDES = [
+    cmd
+    for row in re.findall(r"^\| [^|]+ \| (.+) \|$", README.split("## The ten most used overrides")[1], re.M)
+    for cmd in re.findall(r"`make train ([^`\"]+)`", row)
+]
+
+
+def test_the_table_has_ten_rows_of_commands() -> None:
+    table = README.split("## The ten most used overrides")[1].split("\n\n")[1]
+    assert len(table.splitlines()) == 2 + 10 and len(OVERRIDES) >= 10
+
+
+@pytest.mark.parametrize("command", OVERRIDES)
+def test_each_override_in_the_table_composes(train_cfg, command: str) -> None:
+    train_cfg(*command.split())
