@@ -49,14 +49,24 @@ def wheel(tmp_path_factory) -> Path:
     return found
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory, wheel: Path) -> Path:
-    root = tmp_path_factory.mktemp("venv")
+def fresh_venv(root: Path) -> Path:
+    """A venv without the engine that sees this environment's dependencies; returns its python."""
     run(sys.executable, "-m", "venv", "--without-pip", root)
     python = root / "bin" / "python"
     site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
     (site / "_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel)
+    return python
+
+
+def pip(python: Path, *args: str | Path) -> str:
+    """This environment's pip, installing into `python`'s venv, from nothing but local files."""
+    return run(sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "-q", *args)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory, wheel: Path) -> Path:
+    root = tmp_path_factory.mktemp("venv")
+    pip(fresh_venv(root), "--no-deps", wheel)
     return root
 
 
