@@ -12,11 +12,10 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from lightspeed import CONF_DIR
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.run.entry import compose_config
 
-REPO = CONF_DIR.parent
+REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 
 # Keep small runs small: tiny CPU runs are slower with many intra-op threads on a shared 2-core box, and

@@ -20,7 +20,7 @@ import pytest
 
 from lightspeed import CONF_DIR, ENGINE_CONF, __version__
 
-REPO = CONF_DIR.parent
+REPO = Path(__file__).resolve().parent.parent
 ENGINE_GROUPS = sorted(p.name for p in ENGINE_CONF.iterdir() if p.is_dir())
 
 
@@ -162,3 +162,16 @@ def test_a_project_s_file_adds_an_option_to_an_engine_group_or_replaces_one(tmp_
         "trainer=long is not an option: use one of cpu, ddp, ddp_cpu, default, fsdp, gpu, short "
         in proc.stderr
     )
+
+
+@pytest.mark.slow  # two gloo ranks started through the CLI: ~30 s
+def test_lightspeed_train_starts_ddp_ranks_that_run_the_same_command(tmp_path: Path) -> None:
+    """Lightning starts the other ranks by rerunning `python -m <__main__'s module>` with this process's
+    arguments: through `lightspeed train` those must be lightspeed.train's own."""
+    proc = lightspeed(
+        "train", "trainer=ddp_cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "print_config=false",
+        "callbacks.rich_progress_bar=null", "curves=false", f"paths.log_dir={tmp_path}", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training finished" in proc.stdout

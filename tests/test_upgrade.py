@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lightspeed import CONF_DIR, __version__
+from lightspeed import __version__
 from test_engine import fresh_venv, pip, run
 
-REPO = CONF_DIR.parent
+REPO = Path(__file__).resolve().parent.parent
 FIXED = "0.99.1"  # the version tag B's commit gives the engine
 
 

@@ -18,13 +18,15 @@ ENGINE_CONF = Path(__file__).resolve().parent / "conf"
 
 
 def _project_conf() -> Path:
-    """The project's conf/: $LIGHTSPEED_CONF where set; else ./conf where it holds train.yaml (a project
-    run from its root); else the repository's, beside this package (an editable install of the template)."""
+    """The project's conf/: $LIGHTSPEED_CONF where set; else the nearest conf/ holding train.yaml in the
+    working directory or above it (a project run from its root or a folder of it); else the repository's,
+    beside this package (an editable install of the template)."""
     if os.environ.get("LIGHTSPEED_CONF"):
         return Path(os.environ["LIGHTSPEED_CONF"]).resolve()
-    here = Path.cwd() / "conf"
-    if (here / "train.yaml").is_file():
-        return here.resolve()
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "conf" / "train.yaml").is_file():
+            return folder / "conf"
     return Path(__file__).resolve().parents[2] / "conf"
 
 

@@ -1,4 +1,4 @@
-"""The Lightning callbacks Lightspeed adds to runs, under the one import path that `conf/callbacks/`
+"""The Lightning callbacks Lightspeed adds to runs, under the one import path that the callbacks group
 names them by: a saved run's config keeps working however the package is laid out inside."""
 
 from lightspeed.compat.callbacks import EarlyStopping, ModelCheckpoint

@@ -1,12 +1,13 @@
 """`lightspeed <command> [overrides]`: the engine's commands under one name, and `lightspeed --version`.
 
-Each command is its module's own entry (`lightspeed train x=1` runs what `python -m lightspeed.train x=1`
-runs), so a project calls the engine the same way from its Makefile, a scheduler or a shell.
+Each command runs its module as `__main__` (`lightspeed train x=1` is `python -m lightspeed.train x=1`,
+`__main__.__spec__` included): Lightning starts the other DDP ranks by rerunning `python -m <that module>`
+with this process's arguments, which must then be the module's own.
 """
 
 from __future__ import annotations
 
-import importlib
+import runpy
 import sys
 
 from lightspeed import __version__
@@ -41,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args[0]} is not a command: use one of {', '.join(COMMANDS)} (lightspeed --help)")
         return 2
     module, added, _ = COMMANDS[args[0]]
-    entry = importlib.import_module(module).main
-    sys.argv = [f"lightspeed {args[0]}", *added, *args[1:]]  # Hydra's entries read sys.argv
-    return int(entry() or 0)  # argparse's and Hydra's entries alike read sys.argv
+    sys.argv = [f"lightspeed {args[0]}", *added, *args[1:]]  # argparse's and Hydra's entries read sys.argv
+    runpy.run_module(module, run_name="__main__", alter_sys=True)  # its own exit code is a SystemExit
+    return 0
 
 
 if __name__ == "__main__":

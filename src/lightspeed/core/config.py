@@ -485,7 +485,8 @@ def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
 def check_known_keys(cfg: DictConfig, config_name: str) -> None:
     """A key added at the top level (`+foo=bar`, or `max_steps:` in an experiment file's global package)
     that nothing reads is a mistake: refuse it, naming the closest setting."""
-    known = set(OmegaConf.load(CONF_DIR / f"{config_name}.yaml").keys()) | {
+    primary = CONF_DIR / f"{config_name}.yaml"
+    known = set(OmegaConf.load(primary).keys() if primary.is_file() else ()) | {
         p.name for d in CONF_DIRS for p in d.iterdir() if p.is_dir()
     }
     known = known - {"defaults", "hydra"}

@@ -60,7 +60,8 @@ class Classifier(L.LightningModule):
         # Python time, though no device sync.
         trainer, every = self.trainer, self.trainer.log_every_n_steps
         if (
-            batch_idx in (0, trainer.num_training_batches - 1)
+            batch_idx == 0
+            or trainer.is_last_batch
             or (every and (trainer.global_step + 1) % every == 0)
             or trainer.should_stop
         ):

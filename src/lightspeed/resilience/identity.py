@@ -80,7 +80,7 @@ NOT_IDENTITY = (
 #: Add every new key that changes what a run computes here (tests/test_resume.py pins the default
 #: run's hash to catch a key that was not).
 ADDED_KEYS: dict[str, Any] = {
-    # 2026-12: Lightning's defaults, now settings of conf/trainer/default.yaml
+    # 2026-12: Lightning's defaults, now settings of the trainer group's default.yaml
     "trainer.max_steps": -1,
     "trainer.val_check_interval": None,
     "trainer.limit_train_batches": 1.0,

@@ -125,14 +125,15 @@ def check_composes(config_name: str, args: list[str]) -> None:
 def _searchpath(config_name: str, extra_dirs: list[str]) -> str:
     """`--config-dir` as an override of hydra.searchpath: the added folders ahead of the primary config's
     own entries (the engine's groups), which Hydra keeps when it adds a --config-dir itself."""
-    primary = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
+    found = [p for d in (CONF_DIR, *map(Path, extra_dirs)) if (p := d / f"{config_name}.yaml").is_file()]
+    primary = OmegaConf.load(found[0]) if found else OmegaConf.create()  # none: Hydra's own error says so
     own = list(OmegaConf.select(primary, "hydra.searchpath", default=None) or [])
     return f"hydra.searchpath=[{','.join([*(f'file://{d}' for d in extra_dirs), *own])}]"
 
 
 def _check_launcher_installed(overrides: list[str]) -> None:
-    """conf/hydra/launcher/{slurm,local}.yaml build on hydra-submitit-launcher, an extra: without it, one
-    line naming the install instead of Hydra's "Could not find 'hydra/launcher/submitit_slurm'"."""
+    """The engine's hydra/launcher/{slurm,local}.yaml build on hydra-submitit-launcher, an extra: without
+    it, one line naming the install instead of Hydra's "Could not find 'hydra/launcher/submitit_slurm'"."""
     for override in overrides:
         key, _, value = override.lstrip("+").partition("=")
         if key != "hydra/launcher" or value not in ("slurm", "local"):

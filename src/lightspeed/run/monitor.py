@@ -1,6 +1,6 @@
 """The one metric a run is judged by (`monitor: {metric, mode}`): it picks the best checkpoint, stops the
 run early, names the checkpoint files and is the score a sweep optimises. Set once; every consumer reads
-it from there (`${monitor.metric}` in conf/callbacks/), and a module may declare its own default (a class
+it from there (`${monitor.metric}` in the callbacks group), and a module may declare its own default (a class
 attribute `monitor = {"metric": "val/mse", "mode": "min"}`)."""
 
 from __future__ import annotations

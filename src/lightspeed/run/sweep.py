@@ -1,9 +1,9 @@
 """The table a sweep (`-m`) ends with: one row per job, its overrides, its score (the run's monitored
 metric, best checkpoint's) and the validation and test metrics its model logged, whatever the task; the
 best score marked. Also written as Markdown under `<log dir>/<task>/sweeps/`. Hydra calls this callback
-(conf/hydra/default.yaml). A job may run in another process or on another machine (hydra/launcher=local or
-slurm: submitit), so each job writes its row to a folder of the sweep, which the command that launched the
-sweep reads once every job has ended."""
+(the engine's hydra/default.yaml). A job may run in another process or on another machine
+(hydra/launcher=local or slurm: submitit), so each job writes its row to a folder of the sweep, which
+the command that launched the sweep reads once every job has ended."""
 
 from __future__ import annotations
 
