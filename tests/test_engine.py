@@ -32,18 +32,24 @@ def run(*args: str | Path, cwd: Path | None = None, env: dict | None = None) -> 
     return proc.stdout
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    source = out / "source"  # a copy: a build writes build/ and *.egg-info into the tree it builds
-    top = {".git", "logs", "data", "build", "dist"}  # the checkout's own (src/lightspeed/data is code)
+def copy_source(dest: Path) -> Path:
+    """This checkout's source tree, without what was built or downloaded into it (src/lightspeed/data is
+    code: only the top-level folders are left out)."""
+    top = {".git", "logs", "data", "build", "dist"}
 
     def ignore(folder: str, names: list[str]) -> list[str]:
         here = top if Path(folder) == REPO else set()
         built = (".venv", "__pycache__")
         return [n for n in names if n in here or n.startswith(built) or n.endswith(".egg-info")]
 
-    shutil.copytree(REPO, source, ignore=ignore)
+    shutil.copytree(REPO, dest, ignore=ignore)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    source = copy_source(out / "source")  # a copy: a build writes build/ and *.egg-info into its tree
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", out, source)
     (found,) = out.glob("lightspeed-*.whl")
     return found

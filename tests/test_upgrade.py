@@ -1,8 +1,9 @@
 """Fixes reach projects: a project pinned to engine tag A takes tag B's fix by moving its pin and
 reinstalling, with none of its other files touched.
 
-The engine is a clone of this checkout with two tags; the project pins it as a real project would
-(`lightspeed @ git+<url>@<tag>`, here a file:// URL) and has nothing of the engine: its own conf/ only."""
+The engine is a git repository of this checkout's source with two tags; the project pins it as a real
+project would (`lightspeed @ git+<url>@<tag>`, here a file:// URL) and has nothing of the engine: its own
+conf/ only."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lightspeed import __version__
-from test_engine import fresh_venv, pip, run
+from test_engine import copy_source, fresh_venv, pip, run
 
 REPO = Path(__file__).resolve().parent.parent
 FIXED = "0.99.1"  # the version tag B's commit gives the engine
@@ -37,10 +38,12 @@ def files(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> Path:
-    """A clone of this checkout (its committed HEAD, what CI runs) tagged vA, then a fix tagged vB: a
-    new version and a changed default of the engine's own trainer group."""
-    clone = tmp_path_factory.mktemp("engine") / "lightspeed"
-    run("git", "clone", "-q", REPO, clone)
+    """A repository of this checkout's source (as it is, whether or not a git checkout) tagged vA, then
+    a fix tagged vB: a new version and a changed default of the engine's own trainer group."""
+    clone = copy_source(tmp_path_factory.mktemp("engine") / "lightspeed")
+    git("init", "-q", cwd=clone)
+    git("add", "-A", cwd=clone)
+    git("commit", "-qm", "the engine as it is", cwd=clone)
     git("tag", "vA", cwd=clone)
     init = clone / "src/lightspeed/__init__.py"
     init.write_text(re.sub(r'__version__ = "[^"]+"', f'__version__ = "{FIXED}"', init.read_text()))
