@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lightspeed import CONF_DIR
+from test_engine import lightspeed
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
@@ -26,11 +24,7 @@ def test_the_first_change_is_an_experiment_that_composes_as_written(tmp_path: Pa
     shutil.copytree(CONF_DIR, conf, ignore=shutil.ignore_patterns("local"))
     (conf / "experiment" / "digits_wide.yaml").write_text(yaml)
     assert "make train experiment=digits_wide" in README
-    proc = subprocess.run(
-        [sys.executable, "-m", "lightspeed.train", "experiment=digits_wide", "--cfg", "job"],
-        cwd=tmp_path, env={**os.environ, "LIGHTSPEED_CONF": str(conf)}, capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
+    proc = lightspeed("train", "experiment=digits_wide", "--cfg", "job", cwd=tmp_path, conf=conf)
     assert proc.returncode == 0, proc.stderr
     assert "    hidden:\n    - 512\n    - 512\n" in proc.stdout and "  max_epochs: 20\n" in proc.stdout
     assert "name: mlp" in proc.stdout

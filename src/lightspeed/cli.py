@@ -12,7 +12,7 @@ import sys
 
 from lightspeed import __version__
 
-#: command -> (module whose `main` runs it, the overrides it adds, what it does)
+#: command -> (the module it runs as __main__, the overrides it adds, what it does)
 COMMANDS: dict[str, tuple[str, list[str], str]] = {
     "train": ("lightspeed.train", [], "train (Hydra overrides: trainer=ddp data.batch_size=128 ...)"),
     "eval": ("lightspeed.eval", [], "test a checkpoint (ckpt_path=..., predict=true)"),

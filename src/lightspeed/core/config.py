@@ -585,6 +585,11 @@ def check_folder_names(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={said!r} (as resolved) is invalid: use {allowed}")
 
 
+def is_group(name: str, conf_dirs: Sequence[Path] = CONF_DIRS) -> bool:
+    """Whether `name` is a config group: a folder of the project's conf/ or of the engine's groups."""
+    return any((d / name).is_dir() for d in conf_dirs)
+
+
 def check_group_choices(args: Sequence[str], conf_dirs: Sequence[Path] = CONF_DIRS) -> None:
     """Refuse `group=option` overrides whose option has no file (in conf/, the engine's groups, or a folder
     `--config-dir` adds), in one line, before Hydra composes (its own message for a missing option is a
@@ -597,7 +602,7 @@ def check_group_choices(args: Sequence[str], conf_dirs: Sequence[Path] = CONF_DI
     for arg in args:
         # a,b,c: a multirun sweep over options; [a,b]: options of one group at once (logger=[csv,mlflow])
         match = re.fullmatch(r"([A-Za-z_][\w/]*)=\[?([\w.,-]+)\]?", arg)
-        if not match or match[1].startswith("hydra") or not any((d / match[1]).is_dir() for d in conf_dirs):
+        if not match or match[1].startswith("hydra") or not is_group(match[1], conf_dirs):
             continue
         group, value = match.groups()
         choices = sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})

@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from lightspeed import CONF_DIR, CONF_DIRS
+from lightspeed import CONF_DIR
 from lightspeed.core.config import (
     FOLDER_KEYS,
     ConfigError,
@@ -30,6 +30,7 @@ from lightspeed.core.config import (
     check_yaml_sizes,
     exit_on_config_error,
     flat_keys,
+    is_group,
     unknown_key,
 )
 from lightspeed.core.logs import route_to_run_log
@@ -148,7 +149,7 @@ def _check_launcher_installed(overrides: list[str]) -> None:
 def _is_choice(override: str) -> bool:
     """`group=option` (or `hydra/group=option`, `~group`): picks a file of conf/, sets no value."""
     key = override.lstrip("+~").partition("=")[0]
-    return key.startswith("hydra/") or any((d / key).is_dir() for d in CONF_DIRS) or override.startswith("~")
+    return key.startswith("hydra/") or is_group(key) or override.startswith("~")
 
 
 def _swept_folder_names(swept: list[str]) -> list[str]:
