@@ -101,13 +101,19 @@ def run_script(name: str, *args: str, cwd: Path, timeout: float = 240) -> subpro
     )
 
 
+def module_env() -> dict[str, str]:
+    """The environment of every `python -m lightspeed...` a test starts: one thread each, since runs that
+    must end bit-identical must also add up in the same order (a run killed on 2 threads and resumed on 1
+    ends a few ulps away from one on 1)."""
+    return {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
 def run_module(module: str, *args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """Run `python -m <module> <args>` as a user would, in `cwd`, capturing what they would see."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd,
-        env=env,
+        env=module_env(),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import LIMIT, TESTS
+from conftest import LIMIT, module_env
 
 pytestmark = pytest.mark.slow  # two processes with their torchrun agents, several runs (~2 min)
 
@@ -45,7 +45,7 @@ def start_nodes(folder: Path, *overrides: str) -> list[subprocess.Popen]:
     """Node 0 and node 1 as `torchrun --nnodes 2 --nproc-per-node 1 --node-rank R --rdzv-endpoint ...`
     would start them on two machines sharing `folder`."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = module_env()
     nodes = []
     for rank in (0, 1):
         command = [

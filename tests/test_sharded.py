@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conftest import TESTS, TINY, assert_resumes_exactly, run_module
+from conftest import TINY, assert_resumes_exactly, module_env, run_module
 from lightspeed.core.config import ConfigError
 from lightspeed.resilience import checkpoint, resume, sharded
 from lightspeed.run.entry import compose_config
@@ -241,7 +241,7 @@ def test_a_killed_run_resumes_from_its_sharded_checkpoint(tmp_path: Path, strate
     resumes from the sharded folder and ends with the weights of an uninterrupted run."""
     common = [*strategy, "trainer.devices=1", "model=mlp", "trainer.deterministic=true", *TINY]
     common += ["+callbacks.pause._target_=probes.Pause", "+callbacks.pause.seconds=0.5"]
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1"}
+    env = module_env()
     command = [sys.executable, "-m", "lightspeed.train", *common, f"hydra.run.dir={tmp_path / 'cut'}"]
     first = subprocess.Popen(
         command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
