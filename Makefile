@@ -23,7 +23,7 @@ STAMP := $(VENV)/.installed-$(subst $(_comma),+,$(EXTRAS))
 # make lists them last-first and escapes spaces as '\ ': keep escaped spaces inside one word.
 _space := $(subst ,, )
 _reverse = $(if $(1),$(call _reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
-_cli := $(filter-out PYTHON=% VENV=% TORCH=% EXTRAS=% WORKERS=% ARGS=% RUNS=% NAME=% DEST=% KEEP=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
+_cli := $(filter-out PYTHON=% VENV=% TORCH=% EXTRAS=% WORKERS=% ARGS=% RUNS=% NAME=% DEST=% KEEP=% ENGINE=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 # Hydra's -m (--multirun) must come before the overrides: it is moved there from ARGS.
@@ -67,8 +67,8 @@ compare: $(STAMP)  ## several runs on one chart and a table: RUNS="<run name or 
 
 # template: begin (`make new-project` leaves this block out of the projects it makes)
 .PHONY: new-project
-new-project:  ## this template as a project of your own: NAME=my_project DEST=../my_project [KEEP="mnist cifar10"]
-	$(PYTHON) scripts/new_project.py "$(NAME)" "$(DEST)" --keep "$(KEEP)"
+new-project:  ## a project of your own on this engine: NAME=my_project DEST=../my_project [KEEP="mnist cifar10"] [ENGINE=url]
+	$(PYTHON) scripts/new_project.py "$(NAME)" "$(DEST)" --keep "$(KEEP)" --engine "$(ENGINE)"
 # template: end
 
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")

@@ -1,11 +1,16 @@
-"""`make new-project NAME=... DEST=...`: this template copied into a project of your own.
+"""`make new-project NAME=... DEST=...`: a project of your own that depends on this engine.
 
-The copy is the repository's files (git's tracked and untracked-but-not-ignored ones: no .venv, logs or
-data) with the package renamed everywhere it is named: the folder src/<name>/, imports, `_target_`s in
-conf/, pyproject's name and console scripts, the Makefile's commands, the tests, the README's title. The
-downloaded example data sets (MNIST and Fashion-MNIST, CIFAR-10) are left out with their configs,
-experiments, code and tests unless KEEP names them; the embedded ones stay (digits is the default run,
-and the test suite's data; diabetes and sort are the regression and sequence examples).
+The project holds what the user owns and nothing of the machinery: its package `src/<name>/` (the
+examples' LightningModules in models/, their DataModules in data/, a short train.py), conf/ (train, eval,
+export and shards configs, the data, model, experiment and hparams_search groups), tests/test_project.py
+(every data set, model and experiment of its conf/ trained for one batch), a Makefile, a README and a
+pyproject.toml that pins the engine (ENGINE=, by default this checkout's commit as a `git+file://` URL).
+The engine's groups (trainer, accel, callbacks, logger, paths, hydra, debug) and commands come from the
+pinned `lightspeed` package, so that a fix reaches the project when its pin moves (docs/engine.md).
+
+The files are this template's own examples (copied, their module paths renamed to the project's) and
+the scaffold in scripts/project/ (`myproject` renamed). The downloaded example data sets (MNIST and
+Fashion-MNIST, CIFAR-10) stay in the engine; KEEP copies their configs, which name the engine's classes.
 
 It is built in a temporary folder beside DEST and renamed into place at the end, so a failure leaves
 nothing half-copied. Standard library only: it runs before any install (`python3 scripts/new_project.py`).
@@ -26,56 +31,54 @@ import tempfile
 from pathlib import Path
 
 TEMPLATE = Path(__file__).resolve().parent.parent
+SCAFFOLD = TEMPLATE / "scripts" / "project"
 PACKAGE = "lightspeed"
+PLACEHOLDER = "myproject"  # the scaffold's name for the project's package
 
-#: The example data sets a project may leave out, and every file that is only theirs ({pkg}: the package).
+#: The template's examples every project starts with: the default run (digits), a regression (diabetes)
+#: and a sequence task (sort), with the models that train them.
+COPIED = (
+    "conf/train.yaml", "conf/eval.yaml", "conf/export.yaml", "conf/shards.yaml",
+    "conf/data/digits.yaml", "conf/data/diabetes.yaml", "conf/data/sort.yaml", "conf/data/synthetic.yaml",
+    "conf/model/cnn.yaml", "conf/model/mlp.yaml", "conf/model/linear.yaml", "conf/model/regressor.yaml",
+    "conf/model/gpt.yaml", "conf/experiment/digits_mlp.yaml", "conf/experiment/diabetes_linear.yaml",
+    "conf/experiment/diabetes_mlp.yaml", "conf/experiment/sort_gpt.yaml",
+    "conf/hparams_search/digits_optuna.yaml", "scripts/install.py",
+    "src/lightspeed/models/classifier.py", "src/lightspeed/models/regressor.py",
+    "src/lightspeed/models/next_token.py", "src/lightspeed/models/gpt.py",
+    "src/lightspeed/data/digits.py", "src/lightspeed/data/diabetes.py", "src/lightspeed/data/sort.py",
+    "src/lightspeed/data/synthetic.py",
+)  # fmt: skip
+
+#: The example data sets that download, which a project may keep: their configs, naming the engine's
+#: DataModules (lightspeed.data.mnist, lightspeed.data.cifar10).
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "mnist": (
         "conf/data/mnist.yaml",
         "conf/data/fashion_mnist.yaml",
         "conf/experiment/mnist_cnn.yaml",
         "conf/experiment/fashion_mnist_cnn.yaml",
-        "src/{pkg}/data/mnist.py",
-        "tests/test_mnist.py",
     ),
-    "cifar10": (
-        "conf/data/cifar10.yaml",
-        "conf/experiment/cifar10_resnet.yaml",
-        "src/{pkg}/data/cifar10.py",
-        "tests/test_cifar10.py",
-    ),
+    "cifar10": ("conf/data/cifar10.yaml", "conf/experiment/cifar10_resnet.yaml", "conf/model/resnet.yaml"),
 }
+
+#: The copied modules, whose paths (`lightspeed.models.classifier`) become the project's; and the names
+#: the template's data/__init__.py gives two of them.
+MODULES = ("classifier", "regressor", "next_token", "gpt", "digits", "diabetes", "sort", "synthetic")
+MOVED = re.compile(rf"\b{PACKAGE}\.(models|data)\.({'|'.join(MODULES)})\b")
+SHORT = re.compile(rf"\b{PACKAGE}\.data\.(Digits|Synthetic)DataModule\b")
+ENTRY = re.compile(rf"\b{PACKAGE}\.train\b")
+MOVED_FILE = re.compile(rf"\bsrc/{PACKAGE}/(models|data)/({'|'.join(MODULES)})\.py\b")
 
 #: Modules the project imports or its tests run beside: a package of that name would shadow them, and the
 #: interpreter that runs this script may not have them installed yet.
 TAKEN = {
     "torch", "torchvision", "torchmetrics", "lightning", "pytorch_lightning", "lightning_fabric", "hydra",
     "omegaconf", "numpy", "rich", "PIL", "yaml", "matplotlib", "litdata", "mlflow", "wandb", "optuna",
-    "onnx", "onnxruntime", "onnxscript", "pytest", "tests", "conftest", "fakes", "probes", "scripts",
+    "onnx", "onnxruntime", "onnxscript", "pytest", "tests", "conftest", "scripts",
     "sklearn", "scipy", "lightning_utilities", "tqdm", "psutil", "triton", "requests", "tensorboard",
     "xdist", "ruff", "uv", "src",
 }  # fmt: skip
-
-#: The template's own machinery, not copied: this script and its tests. Blocks of other files between a
-#: `template: begin` and a `template: end` line (in a # or <!-- --> comment) are left out too.
-TEMPLATE_ONLY = ("scripts/new_project.py", "tests/test_new_project.py")
-BLOCK = re.compile(  # the block, its end line and the blank lines after it
-    r"^[ \t]*(?:#|<!--)[ \t]*template: begin.*?^[ \t]*(?:#|<!--)[ \t]*template: end[^\n]*\n(?:[ \t]*\n)*",
-    re.M | re.S,
-)
-
-#: Folders never copied when the template is not a git checkout (what .gitignore keeps out).
-NOT_COPIED = {
-    ".git",
-    ".venv",
-    ".venv-oldest",
-    "logs",
-    "data",
-    "outputs",
-    "multirun",
-    "gpu_out",
-    "__pycache__",
-}
 
 
 class Refused(Exception):
@@ -119,80 +122,52 @@ def check_keep(keep: list[str]) -> list[str]:
     return sorted(set(keep))
 
 
-def template_files() -> list[Path]:
-    """The repository's files, relative to it: what git tracks or would track; a walk without git."""
-    if (TEMPLATE / ".git").exists() and shutil.which("git"):
-        listed = subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=TEMPLATE,
-            capture_output=True,
-            check=True,
-        ).stdout.decode()
-        names = sorted({n for n in listed.split("\0") if n})
-        return [Path(n) for n in names if (TEMPLATE / n).is_file()]
-    found = []
-    for root, dirs, files in os.walk(TEMPLATE):
-        dirs[:] = sorted(d for d in dirs if d not in NOT_COPIED and not d.endswith(".egg-info"))
-        found += [Path(root, f).relative_to(TEMPLATE) for f in sorted(files)]
-    return found
+def engine_pin(engine: str) -> tuple[str, str]:
+    """The URL that pins the engine (ENGINE as given, else this checkout's commit), and a line for the
+    user where the pin is not what they may think."""
+    if engine:
+        return engine, ""
+    if not ((TEMPLATE / ".git").exists() and shutil.which("git")):
+        return TEMPLATE.as_uri(), f"the engine is pinned to the folder {TEMPLATE} (not a git checkout)"
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=TEMPLATE, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    said = f"pinned at commit {commit[:12]}, without the uncommitted changes here" if dirty else ""
+    return f"git+file://localhost{TEMPLATE}@{commit}", said
 
 
-def renamer(name: str):
-    """The package's name in its three spellings, replaced as whole words (`lightspeed.train`,
-    `Lightspeed:`, `LIGHTSPEED_TEST_...`)."""
-    table = {PACKAGE: name, PACKAGE.capitalize(): name, PACKAGE.upper(): name.upper()}
-    pattern = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(table) + r")(?![a-z0-9])")
-    return lambda text: pattern.sub(lambda m: table[m.group(1)], text)
+def project_files(keep: list[str]) -> dict[str, bytes]:
+    """Every file of the new project, by its path in the project, before the package is named."""
+    files: dict[str, bytes] = {}
+    for rel in (*COPIED, *(f for example in keep for f in EXAMPLES[example])):
+        text = (TEMPLATE / rel).read_text()
+        text = ENTRY.sub(f"{PLACEHOLDER}.train", MOVED.sub(rf"{PLACEHOLDER}.\1.\2", text))
+        text = MOVED_FILE.sub(rf"src/{PLACEHOLDER}/\1/\2.py", text)
+        text = SHORT.sub(lambda m: f"{PLACEHOLDER}.data.{m.group(1).lower()}.{m.group(1)}DataModule", text)
+        files[rel.replace(f"src/{PACKAGE}/", f"src/{PLACEHOLDER}/")] = text.encode()
+    for path in sorted(SCAFFOLD.rglob("*")):
+        if path.is_file() and not {"__pycache__", ".ruff_cache", ".pytest_cache"} & set(path.parts):
+            files[path.relative_to(SCAFFOLD).as_posix()] = path.read_bytes()
+    return files
 
 
-def without_template_blocks(text: str, rel: Path) -> str:
-    text = BLOCK.sub("", text)
-    if "template: begin" in text or "template: end" in text:
-        raise ValueError(f"{rel}: a `template: begin` without its `template: end` (or the other way round)")
-    return text
-
-
-def commit_of_template() -> str:
-    if not shutil.which("git"):
-        return ""
-    proc = subprocess.run(  # a template with edits of its own is named so: abc1234-dirty
-        ["git", "describe", "--always", "--dirty"], cwd=TEMPLATE, capture_output=True, text=True
-    )
-    return proc.stdout.strip() if proc.returncode == 0 else ""
-
-
-def origin_line(left_out: list[str]) -> str:
-    commit = commit_of_template()
-    made = f"Made from Lightspeed{f' ({commit})' if commit else ''} by `make new-project`"
-    made += f" on {datetime.date.today()}"
-    if left_out:
-        made += f"; left out: the example data sets {', '.join(left_out)} (the text below still names them)"
-    return made + ".\n"
-
-
-def write_copy(name: str, into: Path, keep: list[str]) -> list[str]:
-    """Every file of the template into `into`, renamed; returns the example data sets left out."""
-    left_out = [example for example in EXAMPLES if example not in keep]
-    skipped = {f.format(pkg=PACKAGE) for example in left_out for f in EXAMPLES[example]} | set(TEMPLATE_ONLY)
-    rename = renamer(name)
-    for rel in template_files():
-        if rel.as_posix() in skipped:
-            continue
-        target = into / rename(rel.as_posix())
+def write_project(name: str, into: Path, keep: list[str], engine: str) -> None:
+    placeholder = re.compile(rf"(?<![A-Za-z0-9_]){PLACEHOLDER}(?![A-Za-z0-9_])")
+    for rel, raw in project_files(keep).items():
+        target = into / placeholder.sub(name, rel)
         target.parent.mkdir(parents=True, exist_ok=True)
-        raw = (TEMPLATE / rel).read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            target.write_bytes(raw)
-        else:
-            text = rename(without_template_blocks(text, rel))
-            if rel.as_posix() == "README.md":
-                title, _, rest = text.partition("\n")
-                text = f"{title}\n\n{origin_line(left_out)}{rest}"
-            target.write_bytes(text.encode("utf-8"))  # line endings as in the template, on any system
-        shutil.copymode(TEMPLATE / rel, target)
-    return left_out
+        text = placeholder.sub(name, raw.decode()).replace("ENGINE_URL", engine)
+        if rel == "README.md":
+            title, _, rest = text.partition("\n")
+            text = f"{title}\n\n{origin_line(engine)}{rest}"
+        target.write_text(text)
+
+
+def origin_line(engine: str) -> str:
+    return f"Made by Lightspeed's `make new-project` on {datetime.date.today()}; engine: `{engine}`.\n"
 
 
 def git_init(folder: Path, name: str) -> None:
@@ -217,11 +192,11 @@ def git_init(folder: Path, name: str) -> None:
             raise Refused(f"git {command[0]} failed in the new project ({said}): nothing was written")
 
 
-def new_project(name: str, dest: Path, keep: list[str]) -> list[str]:
+def new_project(name: str, dest: Path, keep: list[str], engine: str) -> None:
     name, dest, keep = check_name(name), check_dest(dest), check_keep(keep)
     building = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        left_out = write_copy(name, building, keep)
+        write_project(name, building, keep, engine)
         git_init(building, name)
         umask = os.umask(0)
         os.umask(umask)
@@ -232,7 +207,6 @@ def new_project(name: str, dest: Path, keep: list[str]) -> list[str]:
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    return left_out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,26 +214,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", nargs="?", default="", help="the new package's name (NAME=)")
     parser.add_argument("dest", nargs="?", default="", help="the folder to create (DEST=)")
     parser.add_argument("--keep", default="", help="example data sets to keep, by space or comma (KEEP=)")
+    parser.add_argument("--engine", default="", help="the engine's URL to pin, e.g. git+https://...@v0.2.0")
     args = parser.parse_args(argv)
     if not args.name or not args.dest:
         print(
             "error: give NAME and DEST: make new-project NAME=my_project DEST=../my_project "
-            '[KEEP="mnist cifar10"]',
+            '[KEEP="mnist cifar10"] [ENGINE=git+<url>@<tag>]',
             file=sys.stderr,
         )
         return 2
     keep = [k for k in re.split(r"[\s,]+", args.keep) if k]
+    engine, said = engine_pin(args.engine)
     try:
-        left_out = new_project(args.name, Path(args.dest), keep)
+        new_project(args.name, Path(args.dest), keep, engine)
     except Refused as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     dest = Path(args.dest).expanduser().resolve()
-    print(
-        f"{args.name}: a new project in {dest} (package src/{args.name}/, a git repository with one commit)"
-    )
-    if left_out:
-        print(f'left out the example data sets {" ".join(left_out)}: KEEP="{" ".join(left_out)}" keeps them')
+    print(f"{args.name}: a new project in {dest} (package src/{args.name}/, a git repository, one commit)")
+    print(f"engine: lightspeed @ {engine}" + (f" ({said})" if said else ""))
     print(f"next: cd {dest} && make install && make test && make train")
     return 0
 

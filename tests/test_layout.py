@@ -15,7 +15,7 @@ PACKAGE = Path(lightspeed.__file__).parent
 FLOORS: list[set[str]] = [
     {"compat", "conf"},  # the one door to Lightning's internals; the engine's config groups (yaml only)
     {"core"},  # config, device facts, failures, logs, summary
-    {"models", "data", "testing"},  # the user's part
+    {"models", "data"},  # the user's part
     {"resilience", "speed", "report"},  # the machinery, by concern
     {"run"},  # composing the config, building the objects
     {
@@ -29,6 +29,7 @@ FLOORS: list[set[str]] = [
         "callbacks",
         "cli",
     },  # the commands (and `lightspeed <command>`), and the names conf/ uses
+    {"testing"},  # checks for a project's own tests: they run the commands
 ]
 
 

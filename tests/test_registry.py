@@ -6,7 +6,6 @@ built from what the data gives, and takes its inputs), and judged by the metric 
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 
 import pytest
@@ -14,31 +13,16 @@ import torch
 from hydra.utils import get_object
 from omegaconf import OmegaConf
 
-from conftest import TINY
+from conftest import data_dir_override
 from fakes import fake_downloads, give_data_folder
-from lightspeed import CONF_DIR, CONF_DIRS
-from lightspeed.core.config import ConfigError
+from lightspeed import CONF_DIRS
 from lightspeed.models.nets import NETS, _discover, build_net
-from lightspeed.run import build
 from lightspeed.run.entry import compose_config
-from lightspeed.testing import assert_device_agnostic
-from lightspeed.train import train
+from lightspeed.testing import assert_device_agnostic, options, partner, trains_one_batch
 
 _discover()
 
 GROUPS = sorted({p.name for d in CONF_DIRS for p in d.iterdir() if p.is_dir() and any(p.glob("*.yaml"))})
-QUIET = [o for o in TINY if "batches" not in o and "max_epochs" not in o]
-
-
-def options(group: str) -> list[str]:
-    return sorted({p.stem for d in CONF_DIRS for p in (d / group).glob("*.yaml")})
-
-
-def defaults_first(group: str) -> list[str]:
-    """The group's options, the one `conf/train.yaml` picks first."""
-    default = OmegaConf.load(CONF_DIR / "train.yaml").defaults
-    chosen = [d[group] for d in default if isinstance(d, dict) and group in d]
-    return sorted(options(group), key=lambda o: o not in chosen)
 
 
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
@@ -49,57 +33,18 @@ def test_every_option_composes(train_cfg, group: str, option: str) -> None:
         assert "_target_" in cfg[group]
 
 
-def fits(tmp_path, data: str, model: str) -> bool:
-    """Whether the model option fits the data option: built from what the data gives (a classifier from
-    num_classes, a regressor from num_targets) and taking its inputs (a forward pass on the meta device),
-    as `make train` checks before training."""
-    cfg = compose_config("train", [f"data={data}", f"model={model}"], tmp_path)
-    try:
-        give_data_folder(cfg, tmp_path)
-    except pytest.skip.Exception:  # a data set that needs an extra not installed here: no partner
-        return False
-    try:
-        build.check_inputs_fit(cfg, build.from_data(cfg, build.datamodule(cfg)))
-    except ConfigError:
-        return False
-    return True
-
-
-def partner(tmp_path, group: str, option: str) -> list[str]:
-    """What a data or model option trains with: the first option of the other group that fits it (a
-    regression data set with a regressor, a 1D data set with a 1D net), the default first."""
-    if group == "experiment":
-        return []  # an experiment names its own
-    other = "model" if group == "data" else "data"
-    pairs = ((option, o) if group == "data" else (o, option) for o in defaults_first(other))
-    found = next((pair for pair in pairs if fits(tmp_path, *pair)), None)
-    assert found is not None, f"no {other} option fits {group}={option}: add one that takes its input shape"
-    return [f"data={found[0]}", f"model={found[1]}"]
-
-
 @pytest.mark.parametrize("choice", [f"{g}={o}" for g in ("data", "model", "experiment") for o in options(g)])
-def test_every_data_set_model_and_experiment_trains_one_batch(
-    train_cfg, tmp_path, monkeypatch, choice: str
-) -> None:
+def test_every_data_set_model_and_experiment_trains_one_batch(tmp_path, monkeypatch, choice: str) -> None:
     """A data set that downloads (it has `remotes`) fetches small fakes of its files from a local server; one
     that reads a folder gets a generated one."""
-    group, option = choice.split("=")
-    if group == "data":  # a data set that needs an extra not installed here skips
+    if choice.startswith("data="):  # a data set that needs an extra not installed here skips
         give_data_folder(compose_config("train", [choice], tmp_path / "needs"), tmp_path / "needs")
-    cfg = train_cfg(choice, *partner(tmp_path / "pair", group, option), "debug=fdr", *QUIET)
-    give_data_folder(cfg, tmp_path)
-    if "batch_size" in cfg.data:  # one small batch: the code path is the same, the compute a fraction
-        cfg.data.batch_size = min(int(cfg.data.batch_size), 16)
-    data_class = get_object(cfg.data._target_)
+    pair = partner(choice, tmp_path / "pair", give_data_folder)
+    data_class = get_object(compose_config("train", [choice, *pair], tmp_path / "pair").data._target_)
     with fake_downloads(data_class, monkeypatch) if hasattr(data_class, "remotes") else nullcontext():
-        result = train(cfg)
-    assert result.trainer.global_step == 1  # fast_dev_run: one optimizer step
-    assert result.best_checkpoint is None  # ... and no checkpoints
-    monitored = cfg.monitor.metric  # the task's own: what its model declares (val/acc, val/mse, ...)
-    assert math.isfinite(result.metrics[monitored]) and result.score == result.metrics[monitored]
-    tested = {k: v for k, v in result.metrics.items() if k.startswith("test/")}
-    assert monitored.replace("val/", "test/", 1) in tested and all(map(math.isfinite, tested.values()))
-    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+        trains_one_batch(
+            choice, tmp_path / "logs", data_dir_override(tmp_path), prepare=give_data_folder, pair=pair
+        )
 
 
 def declared(name: str) -> list[tuple[int, ...] | None]:

@@ -1,4 +1,9 @@
-"""Checks for your own nets, usable in any test suite.
+"""Checks for your own code, usable in any test suite (a project's tests/test_project.py calls them).
+
+`options(group)` lists a config group's options (the project's conf/ and the engine's); `trains_one_batch`
+composes one data set, model or experiment with a partner of the other group that fits it, trains it for
+one batch (debug=fdr) and checks what a run must give: one optimizer step, a finite monitored metric, its
+test twin, finite weights.
 
 `assert_device_agnostic(net, input_shape)` proves that a net creates no tensor on a fixed device:
 it moves the net to PyTorch's `meta` device (tensors with shapes but no data) and runs a forward pass
@@ -10,10 +15,27 @@ fail the same way on a GPU, or when DDP or `map_location` puts it on another dev
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
+
+from lightspeed import CONF_DIR, CONF_DIRS
+
+#: What a test run of one batch leaves out: the bar, the summary tree, the curves picture.
+QUIET = [
+    "trainer.num_sanity_val_steps=0",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.model_summary=null",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "curves=false",
+    "print_config=false",
+]
+Prepare = Callable[[DictConfig, Path], None]
 
 
 class DeviceLeak(AssertionError):
@@ -33,3 +55,81 @@ def assert_device_agnostic(net: nn.Module, input_shape: Sequence[int], batch: in
     for t in out if isinstance(out, (tuple, list)) else [out]:
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
             raise DeviceLeak(f"{type(net).__name__} returned a tensor on {t.device}, not on its input's")
+
+
+def options(group: str) -> list[str]:
+    """The group's options: conf/<group>/*.yaml of the project and of the engine, by name."""
+    return sorted({p.stem for d in CONF_DIRS for p in (d / group).glob("*.yaml")})
+
+
+def defaults_first(group: str) -> list[str]:
+    """The group's options, the one `conf/train.yaml` picks first."""
+    default = OmegaConf.load(CONF_DIR / "train.yaml").defaults
+    chosen = [d[group] for d in default if isinstance(d, dict) and group in d]
+    return sorted(options(group), key=lambda o: o not in chosen)
+
+
+def fits(data: str, model: str, log_dir: Path, prepare: Prepare | None = None) -> bool:
+    """Whether the model option fits the data option: built from what the data gives (a classifier from
+    num_classes, a regressor from num_targets) and taking its inputs (a forward pass on the meta device),
+    as `make train` checks before training. `prepare(cfg, folder)` readies the data (a folder, fakes)."""
+    from lightspeed.core.config import ConfigError
+    from lightspeed.run import build
+    from lightspeed.run.entry import compose_config
+
+    cfg = compose_config("train", [f"data={data}", f"model={model}"], log_dir)
+    if prepare is not None:
+        import pytest
+
+        try:
+            prepare(cfg, log_dir)
+        except pytest.skip.Exception:  # a data set that needs an extra not installed here: no partner
+            return False
+    try:
+        build.check_inputs_fit(cfg, build.from_data(cfg, build.datamodule(cfg)))
+    except ConfigError:
+        return False
+    return True
+
+
+def partner(choice: str, log_dir: Path, prepare: Prepare | None = None) -> list[str]:
+    """What `group=option` trains with: the first option of the other group that fits it (a regression
+    data set with a regressor, a 1D data set with a 1D net), the default first; an experiment names its
+    own."""
+    group, option = choice.split("=", 1)
+    if group == "experiment":
+        return []
+    other = "model" if group == "data" else "data"
+    pairs = ((option, o) if group == "data" else (o, option) for o in defaults_first(other))
+    found = next((pair for pair in pairs if fits(*pair, log_dir, prepare)), None)
+    assert found is not None, f"no {other} option fits {choice}: add one that takes its input shape"
+    return [f"data={found[0]}", f"model={found[1]}"]
+
+
+def trains_one_batch(
+    choice: str,
+    log_dir: Path,
+    *overrides: str,
+    prepare: Prepare | None = None,
+    pair: Sequence[str] | None = None,
+):
+    """Train `choice` (`data=<name>`, `model=<name>` or `experiment=<name>`) with its partner (`pair`, else
+    found) for one batch under `log_dir`, check the run, and return it (lightspeed.train.TrainResult)."""
+    from lightspeed.run.entry import compose_config
+    from lightspeed.train import train
+
+    pair = partner(choice, log_dir / "pair", prepare) if pair is None else pair
+    cfg = compose_config("train", [choice, *pair, "debug=fdr", *QUIET, *overrides], log_dir)
+    if prepare is not None:
+        prepare(cfg, log_dir)
+    if "batch_size" in cfg.data:  # one small batch: the code path is the same, the compute a fraction
+        cfg.data.batch_size = min(int(cfg.data.batch_size), 16)
+    result = train(cfg)
+    assert result.trainer.global_step == 1  # fast_dev_run: one optimizer step
+    assert result.best_checkpoint is None  # ... and no checkpoints
+    monitored = cfg.monitor.metric  # the task's own: what its model declares (val/acc, val/mse, ...)
+    assert math.isfinite(result.metrics[monitored]) and result.score == result.metrics[monitored]
+    tested = {k: v for k, v in result.metrics.items() if k.startswith("test/")}
+    assert monitored.replace("val/", "test/", 1) in tested and all(map(math.isfinite, tested.values()))
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+    return result

@@ -197,10 +197,11 @@ def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, flo
     return metrics.get(name) if name else None
 
 
-def train_or_search(cfg: DictConfig) -> float | None:
-    """A run, or with `hparams_search`, an Optuna search of runs; the score Hydra's sweepers read."""
+def train_or_search(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> float | None:
+    """A run, or with `hparams_search`, an Optuna search of runs; the score Hydra's sweepers read.
+    `callbacks` join the configured ones in every run (a project's train.py passes its own)."""
     if not cfg.get("hparams_search"):
-        return train(cfg).score
+        return train(cfg, callbacks).score
     with exit_on_config_error():
         validate_train(cfg)
         if cfg.trainer.get("devices", 1) != 1 or cfg.trainer.get("num_nodes", 1) != 1:
@@ -210,7 +211,7 @@ def train_or_search(cfg: DictConfig) -> float | None:
                 "on one device (trainer=cpu or trainer=gpu)"
             )
         monitor.settle(cfg)
-        return search.run(cfg, lambda trial_cfg, callbacks: train(trial_cfg, callbacks).score)
+        return search.run(cfg, lambda trial_cfg, pruning: train(trial_cfg, [*callbacks, *pruning]).score)
 
 
 #: Console entry point: `lightspeed-train` and `python -m lightspeed.train`.

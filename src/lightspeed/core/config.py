@@ -335,21 +335,28 @@ def conf_targets(conf_dirs: Sequence[Path] = CONF_DIRS) -> frozenset[str]:
     return frozenset(found)
 
 
-def _repository_class(target: str) -> bool:
-    """A class of the repository's own `models/` or `data/` (the user's part: an nn.Module, a
-    LightningModule or a LightningDataModule defined there), which data may name too."""
+def user_packages(targets: frozenset[str]) -> tuple[str, ...]:
+    """The `<package>.models.` and `<package>.data.` prefixes of the user's part: this repository's own
+    (lightspeed) and that of each package whose models or data sets conf/ names (a project's own)."""
+    found = {"lightspeed"} | {t.split(".")[0] for t in targets if re.match(r"\w+\.(models|data)\.", t)}
+    return tuple(f"{package}.{part}." for package in sorted(found) for part in ("models", "data"))
+
+
+def _repository_class(target: str, prefixes: tuple[str, ...]) -> bool:
+    """A class of the user's own `models/` or `data/` (`prefixes`: an nn.Module, a LightningModule or a
+    LightningDataModule defined there), which data may name too."""
     import lightning as L
 
-    if not target.startswith(("lightspeed.models.", "lightspeed.data.")):
+    if not target.startswith(prefixes):
         return False
     try:
         found = get_object(target)
     except Exception:
         return False
-    home = getattr(found, "__module__", "") or ""
+    home = f"{getattr(found, '__module__', '') or ''}."
     return (
         isinstance(found, type)
-        and home.startswith(("lightspeed.models", "lightspeed.data"))
+        and home.startswith(prefixes)
         and issubclass(found, (torch.nn.Module, L.LightningDataModule))
     )
 
@@ -360,8 +367,9 @@ def check_data_targets(node: Any, where: str) -> None:
     or data set of the repository's own `models/` and `data/`."""
     container = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
     known = conf_targets()
+    prefixes = user_packages(known)
     for key, target in _targets(container, ""):
-        if not isinstance(target, str) or not (target in known or _repository_class(target)):
+        if not isinstance(target, str) or not (target in known or _repository_class(target, prefixes)):
             raise ConfigError(
                 f"{where} names {key}._target_={target}, a class that no yaml file of conf/ names: data "
                 "cannot choose what code runs; name it in conf/ (a conf/model/ or conf/data/ option), or on "

@@ -1,0 +1,1 @@
+"""LightningDataModules, one file each; conf/data/<name>.yaml names one by `_target_`."""
