@@ -1,6 +1,6 @@
-"""`make new-project NAME=... DEST=...`: the template under a new package name, without the example data
-sets left out, built beside DEST and renamed into place. The slow test runs the copy's own `make install`
-and `make test`."""
+"""`make new-project NAME=... DEST=...`: a thin project that pins the engine (its package, conf/, tests,
+Makefile, README), built beside DEST and renamed into place. The slow test pins a git tag of the engine and
+runs the project's own `make install`, `make test`, `make train` and `make eval`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import run_module
+from test_engine import copy_source
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "new_project.py"
@@ -33,60 +36,65 @@ def text_files(root: Path) -> dict[str, str]:
     return found
 
 
+#: Where the fast tests' projects pin the engine: they install nothing.
+PIN = "git+file://localhost/srv/lightspeed@v9.9.9"
+
+
 @pytest.fixture(scope="module")
 def acme(tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("projects") / "acme"
-    proc = new_project("acme", str(dest))
+    proc = new_project("acme", str(dest), "--engine", PIN)
     assert proc.returncode == 0, proc.stderr
-    assert 'left out the example data sets mnist cifar10: KEEP="mnist cifar10" keeps them' in proc.stdout
+    assert proc.stdout.splitlines()[1] == f"engine: lightspeed @ {PIN}"
     return dest
 
 
-def test_the_copy_names_its_own_package_everywhere(acme: Path) -> None:
-    assert (acme / "src" / "acme" / "train.py").is_file() and not (acme / "src" / "lightspeed").exists()
+#: What a project holds: its package (the examples' modules), its conf/ (no engine group), its tests.
+EXPECTED = {
+    ".gitignore", "Makefile", "README.md", "pyproject.toml", "scripts/install.py", "conf/local/.gitkeep",
+    "conf/train.yaml", "conf/eval.yaml", "conf/export.yaml", "conf/shards.yaml",
+    "conf/data/digits.yaml", "conf/data/diabetes.yaml", "conf/data/sort.yaml", "conf/data/synthetic.yaml",
+    "conf/model/cnn.yaml", "conf/model/mlp.yaml", "conf/model/linear.yaml", "conf/model/regressor.yaml",
+    "conf/model/gpt.yaml", "conf/experiment/digits_mlp.yaml", "conf/experiment/diabetes_linear.yaml",
+    "conf/experiment/diabetes_mlp.yaml", "conf/experiment/sort_gpt.yaml",
+    "conf/hparams_search/digits_optuna.yaml", "tests/test_project.py",
+    "src/acme/__init__.py", "src/acme/train.py", "src/acme/models/__init__.py",
+    "src/acme/models/classifier.py", "src/acme/models/regressor.py", "src/acme/models/next_token.py",
+    "src/acme/models/gpt.py", "src/acme/data/__init__.py", "src/acme/data/digits.py",
+    "src/acme/data/diabetes.py", "src/acme/data/sort.py", "src/acme/data/synthetic.py",
+}  # fmt: skip
+
+
+def test_the_project_holds_the_user_s_part_under_its_name_and_pins_the_engine(acme: Path) -> None:
     texts = text_files(acme)
-    named = [
-        f"{name}:{n}"
-        for name, text in texts.items()
-        for n, line in enumerate(text.splitlines(), 1)
-        if re.search(r"lightspeed", line, re.I) and not line.startswith("Made from Lightspeed (")
-    ]
-    assert named == []  # but the README's line that says where the project came from
-    origin = re.compile(r"^Made from Lightspeed \(.*\n", re.M)
-    machinery = [
-        n for n, t in texts.items() if re.search(r"new.project|template: (begin|end)", origin.sub("", t))
-    ]
-    assert machinery == []  # the template's own blocks are left out
+    assert set(texts) == EXPECTED  # nothing of the machinery: no engine group, no core/, no run/
+    lines = sum(len(t.splitlines()) for n, t in texts.items() if n.endswith((".py", ".yaml")))
+    assert lines <= 1500, f"{lines} lines of Python and YAML in a new project"
+    assert f'"lightspeed[bench] @ {PIN}",' in texts["pyproject.toml"]
     assert '\nname = "acme"\n' in texts["pyproject.toml"]
-    assert '\nacme-train = "acme.train:main"\n' in texts["pyproject.toml"]
-    assert (
-        "-m acme.train" in texts["Makefile"]
-        and "_target_: acme.models.classifier" in texts["conf/model/cnn.yaml"]
-    )
-    assert texts["README.md"].startswith("# acme\n\nMade from Lightspeed (")
-    # the template's own files, the same set but the examples left out
-    tracked = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    left_out = {name for name in tracked if re.search(r"mnist|cifar10|new_project", name)}
-    copied = subprocess.run(["git", "ls-files"], cwd=acme, capture_output=True, text=True).stdout.split()
-    assert len(copied) == len(set(tracked) - left_out) and left_out and not set(copied) & left_out
+    assert "-m acme.train" in texts["Makefile"] and "myproject" not in "".join(texts.values())
+    targets = re.findall(r"_target_: (\S+)", "".join(t for n, t in texts.items() if n.startswith("conf/")))
+    ours = {t for t in targets if not t.startswith(("torch.", "optuna."))}
+    assert ours and all(t.startswith(("acme.models.", "acme.data.")) for t in ours), ours
+    code = "".join(t for n, t in texts.items() if n.startswith("src/"))
+    assert not re.search(r"lightspeed\.(models|data)\.(classifier|regressor|next_token|gpt|digits)\b", code)
+    assert texts["README.md"].startswith("# acme\n\nMade by Lightspeed's `make new-project` on ")
 
 
-def test_the_examples_left_out_leave_nothing_that_names_them(acme: Path) -> None:
-    code = {name: text for name, text in text_files(acme).items() if not name.endswith(".md")}
-    for name, text in code.items():
-        if name in ("scripts/new_project.py", "tests/test_new_project.py"):  # what may be left out, and this
-            continue
-        assert not re.search(
-            r"data[.=/](fashion_)?mnist|data[.=/]cifar10|experiment=\w*(mnist|cifar)", text
-        ), name
+def test_the_engine_is_pinned_at_this_checkout_s_commit_by_default(tmp_path: Path) -> None:
+    proc = new_project("acme", str(tmp_path / "acme"))
+    assert proc.returncode == 0, proc.stderr
+    pinned = re.search(r'"lightspeed\[bench\] @ (.+)",', (tmp_path / "acme" / "pyproject.toml").read_text())[
+        1
+    ]
+    if (REPO / ".git").exists():
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        assert pinned == f"git+file://localhost{REPO}@{head.stdout.strip()}"
+    else:  # CI's tree may be no git checkout: the folder itself
+        assert pinned == REPO.as_uri()
 
 
-def test_the_copy_is_a_git_repository_with_one_clean_commit(acme: Path) -> None:
+def test_the_project_is_a_git_repository_with_one_clean_commit(acme: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     assert acme.stat().st_mode & 0o777 == 0o777 & ~umask  # not the temporary folder's private mode
@@ -95,33 +103,16 @@ def test_the_copy_is_a_git_repository_with_one_clean_commit(acme: Path) -> None:
     assert log.splitlines() == ["acme: a new project from Lightspeed"] and status == ""
 
 
-@pytest.mark.slow  # a run of the copy in a fresh process (the copy's own make test, below, trains more)
-def test_the_copy_trains_under_its_own_name(acme: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(acme / "src")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "acme.train", "debug=fdr", "callbacks.rich_progress_bar=null",
-         "print_config=false", f"paths.log_dir={tmp_path / 'logs'}"],
-        cwd=acme, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (
-        "acme: training finished" in proc.stdout and "lightspeed" not in (proc.stdout + proc.stderr).lower()
-    )
-
-
-def test_kept_examples_come_with_their_configs_code_and_tests(tmp_path: Path) -> None:
-    proc = new_project("acme", str(tmp_path / "acme"), "--keep", "mnist")
+def test_kept_examples_bring_their_configs_which_name_the_engine_s_data_sets(tmp_path: Path) -> None:
+    proc = new_project("acme", str(tmp_path / "acme"), "--keep", "mnist", "--engine", PIN)
     assert proc.returncode == 0, proc.stderr
-    assert "left out the example data sets cifar10" in proc.stdout
-    for name in (
-        "conf/data/mnist.yaml",
-        "conf/data/fashion_mnist.yaml",
-        "src/acme/data/mnist.py",
-        "tests/test_mnist.py",
-    ):
-        assert (tmp_path / "acme" / name).is_file(), name
-    assert not (tmp_path / "acme" / "conf" / "data" / "cifar10.yaml").exists()
-    assert "from acme.data.mnist import" in (tmp_path / "acme" / "tests" / "test_mnist.py").read_text()
+    conf = tmp_path / "acme" / "conf"
+    assert set(text_files(tmp_path / "acme")) == EXPECTED | {
+        "conf/data/mnist.yaml", "conf/data/fashion_mnist.yaml",
+        "conf/experiment/mnist_cnn.yaml", "conf/experiment/fashion_mnist_cnn.yaml",
+    }  # fmt: skip
+    assert "_target_: lightspeed.data.mnist.MNISTDataModule" in (conf / "data" / "mnist.yaml").read_text()
+    assert "acme.models.classifier" in (conf / "model" / "cnn.yaml").read_text()
 
 
 BAD = {
@@ -138,7 +129,7 @@ BAD = {
     "keep": (["acme", "{tmp}/a", "--keep", "mnist,svhn"], "KEEP=mnist svhn: svhn is not an example data set "
              "(mnist, cifar10)"),
     "nothing": ([], 'give NAME and DEST: make new-project NAME=my_project DEST=../my_project '
-                '[KEEP="mnist cifar10"]'),
+                '[KEEP="mnist cifar10"] [ENGINE=git+<url>@<tag>]'),
 }  # fmt: skip
 
 
@@ -157,21 +148,45 @@ def test_a_bad_name_dest_or_keep_is_one_line_and_writes_nothing(
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["mine.txt"] and not (REPO / "acme").exists()
 
 
-@pytest.mark.slow
-def test_the_copy_s_own_make_install_and_make_test_pass(tmp_path: Path) -> None:
-    """As its README says, in the copy: a venv of its own (the local CPU build of torch 2.13, the oldest
-    supported, to keep this short), then its fast test suite."""
+def make(target: str, *args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        ["make", target, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, f"make {target}: {proc.stdout[-4000:]}{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.mark.slow  # a venv, the engine built from a git tag, the project's tests, two runs: ~2 min
+def test_a_new_project_installs_tests_trains_and_evaluates_as_its_readme_says(tmp_path: Path) -> None:
+    """The engine pinned as a real project pins it, by a tag of a git repository (a copy of this source);
+    the project's own `make install` (the local CPU build of torch 2.13, the oldest supported, to keep it
+    short), `make test`, `make train` (the same result as this template's default) and `make eval`."""
+    engine = copy_source(tmp_path / "lightspeed")
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "engine"], ["tag", "v1"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *command], cwd=engine, check=True)
     dest = tmp_path / "acme"
-    assert new_project("acme", str(dest)).returncode == 0
+    assert new_project("acme", str(dest), "--engine", f"git+file://localhost{engine}@v1").returncode == 0
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "MAKE", "VIRTUAL_ENV"))}
-    install = subprocess.run(
-        ["make", "install", "TORCH=torch==2.13.0", f"PYTHON={sys.executable}"],
-        cwd=dest, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
-    test = subprocess.run(["make", "test"], cwd=dest, env=env, capture_output=True, text=True, timeout=1200)
-    assert test.returncode == 0, test.stdout[-5000:] + test.stderr[-2000:]
+    env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "LIGHTSPEED_CONF")} | {
+        "OMP_NUM_THREADS": "1"
+    }
+    make("install", "TORCH=torch==2.13.0", f"PYTHON={sys.executable}", cwd=dest, env=env)
+    test = make("test", cwd=dest, env=env)
     assert re.search(r"\d+ passed", test.stdout) and " failed" not in test.stdout
+    train = make("train", "trainer.max_epochs=2", cwd=dest, env=env)
+    assert "Lightspeed: training finished" in train.stdout and "digits-cnn-" in train.stdout
+    ours = run_module(
+        "lightspeed.train", "trainer.max_epochs=2", f"paths.log_dir={tmp_path / 'ours'}", cwd=REPO
+    )
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert accuracy_printed(train.stdout) == accuracy_printed(ours.stdout)  # the same run, under another name
+    evaluated = make("eval", "predict=true", cwd=dest, env=env)
+    assert accuracy_printed(evaluated.stdout) == accuracy_printed(train.stdout)
+    assert list((dest / "logs" / "eval" / "runs").glob("*/predictions.csv"))
+
+
+def accuracy_printed(printed: str) -> str:
+    return re.findall(r"│ test/acc +│ ([0-9.]+)", printed)[-1]
 
 
 def test_a_commit_git_refuses_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
