@@ -65,11 +65,9 @@ export: $(STAMP)  ## a checkpoint as ONNX (checked with onnxruntime) and torch.e
 compare: $(STAMP)  ## several runs on one chart and a table: RUNS="<run name or folder> ..." (-> logs/compare.png)
 	$(PY) -m lightspeed.compare $(RUNS) $(ARGS)
 
-# template: begin (`make new-project` leaves this block out of the projects it makes)
 .PHONY: new-project
 new-project:  ## a project of your own on this engine: NAME=my_project DEST=../my_project [KEEP="mnist cifar10"] [ENGINE=url]
 	$(PYTHON) scripts/new_project.py "$(NAME)" "$(DEST)" --keep "$(KEEP)" --engine "$(ENGINE)"
-# template: end
 
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
 	$(PY) -m lightspeed.doctor $(ARGS)

@@ -111,7 +111,6 @@ def test_keys_a_newer_lightspeed_added_at_their_defaults_are_no_difference(monke
     assert identity.differences(identity.identity(old), changed) == ["data.new_knob: (absent) -> 4"]
 
 
-# template: begin (a project made by `make new-project` has no earlier runs to continue)
 def test_the_default_runs_identity_is_pinned(train_cfg) -> None:
     """`make train` must land in the folder of the runs before this version, or they are not continued:
     a key added to conf/ that changes what a run computes belongs in identity.ADDED_KEYS with its old
@@ -122,9 +121,6 @@ def test_the_default_runs_identity_is_pinned(train_cfg) -> None:
     # and checkpoint files named after it (epoch005-val_acc_0.9944.ckpt): the same computation, but the
     # config says it another way and the files have other names, so runs start over.
     assert train_cfg().run_name == "digits-cnn-6f39af5f"
-
-
-# template: end
 
 
 def test_a_net_whose_shapes_changed_ends_in_one_line_naming_the_tensors(

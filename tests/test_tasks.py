@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import TINY
+from lightspeed.core.config import _repository_class, user_packages
 from lightspeed.eval import run as evaluate
 from lightspeed.train import train
 
@@ -344,3 +345,27 @@ def test_a_net_of_the_repository_s_models_named_on_the_command_line_is_evaluated
     result = train(train_cfg("experiment=diabetes_mlp", *net, "trainer.max_epochs=2", *QUIET))
     tested = evaluate(eval_cfg("trainer.enable_progress_bar=false"))
     assert tested["test/mse"] == pytest.approx(result.metrics["test/mse"], rel=1e-5)
+
+
+def test_a_project_s_own_models_and_data_may_be_named_by_a_checkpoint_and_nothing_else_of_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A project made by new-project names its package in conf/ (acme.models...): a checkpoint may then
+    name any net, module or DataModule of acme's models/ and data/, as it may name lightspeed's own; never
+    another class of that package, or a package conf/ names outside models/ and data/ (torch)."""
+    package = tmp_path / "acme" / "models"
+    package.mkdir(parents=True)
+    (tmp_path / "acme" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text(
+        "import os\nfrom torch import nn\n\nclass Net(nn.Linear): ...\n\nrun = os.system\n"
+    )
+    (tmp_path / "acme" / "tools.py").write_text("from torch import nn\n\nclass Net(nn.Linear): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    prefixes = user_packages(frozenset({"acme.models.classifier.Classifier", "torch.nn.Linear"}))
+    assert set(prefixes) == {"acme.models.", "acme.data.", "lightspeed.models.", "lightspeed.data."}
+    assert _repository_class("acme.models.nets.Net", prefixes)
+    assert not _repository_class("acme.models.nets.run", prefixes)  # not a class
+    assert not _repository_class("acme.models.nets.os.system", prefixes)
+    assert not _repository_class("acme.tools.Net", prefixes)  # outside models/ and data/
+    assert not _repository_class("torch.nn.Linear", prefixes)

@@ -1,20 +1,20 @@
 """Fixes reach projects: a project pinned to engine tag A takes tag B's fix by moving its pin and
 reinstalling, with none of its other files touched.
 
-The engine is a git repository of this checkout's source with two tags; the project pins it as a real
-project would (`lightspeed @ git+<url>@<tag>`, here a file:// URL) and has nothing of the engine: its own
-conf/ only."""
+The engine is a git repository of this checkout's source with two tags; the project is what `make
+new-project` writes, pinning it as a real project would (`lightspeed @ git+<url>@<tag>`, here a file://
+URL); its own entry (`python -m acme.train`) runs with the engine's groups."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
+from conftest import run_script
 from lightspeed import __version__
 from test_engine import copy_source, fresh_venv, pip, run
 
@@ -60,14 +60,11 @@ def engine(tmp_path_factory) -> Path:
 def test_moving_the_pin_to_a_fixed_tag_brings_the_fix_with_no_project_file_touched(
     engine: Path, tmp_path: Path
 ) -> None:
-    project = tmp_path / "project"
-    shutil.copytree(REPO / "conf", project / "conf", ignore=shutil.ignore_patterns("local"))
-    pin = f"lightspeed @ git+file://localhost{engine}@vA"  # a host: older packaging refuses file:///
-    (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=77"]\nbuild-backend = "setuptools.build_meta"\n\n'
-        f'[project]\nname = "acme"\nversion = "0.1.0"\ndependencies = ["{pin}"]\n\n'
-        "[tool.setuptools]\npackages = []\n"
+    project = tmp_path / "acme"  # what `make new-project` writes, pinned to tag A
+    made = run_script(
+        "new_project.py", "acme", str(project), "--engine", f"git+file://localhost{engine}@vA", cwd=tmp_path
     )
+    assert made.returncode == 0, made.stderr
     python = fresh_venv(tmp_path / "venv")
     lightspeed = tmp_path / "venv" / "bin" / "lightspeed"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LIGHTSPEED_CONF")}
@@ -75,7 +72,7 @@ def test_moving_the_pin_to_a_fixed_tag_brings_the_fix_with_no_project_file_touch
     def installed() -> tuple[str, str]:
         pip(python, "--no-build-isolation", project)
         version = run(lightspeed, "--version", env=env).strip()
-        composed = run(lightspeed, "train", "--cfg", "job", cwd=project, env=env)
+        composed = run(python, "-m", "acme.train", "--cfg", "job", cwd=project, env=env)
         return version, re.search(r"^  max_epochs: (\d+)$", composed, re.M)[1]
 
     assert installed() == (f"lightspeed {__version__}", "20")

@@ -21,4 +21,3 @@ def test_trains_one_batch(tmp_path: Path, choice: str) -> None:
     if hasattr(get_object(data._target_), "remotes"):
         pytest.skip(f"{choice} downloads its data set: `make train {choice}` fetches it (tests stay offline)")
     trains_one_batch(choice, tmp_path / "logs", f"paths.data_dir={tmp_path / 'data'}")
-
