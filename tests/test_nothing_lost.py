@@ -23,6 +23,7 @@ import torch
 
 from conftest import LIMIT, REPO, TINY, run_module
 from lightspeed import CONF_DIR
+from lightspeed.core import config
 from lightspeed.core.config import (
     ConfigError,
     check_group_choices,
@@ -465,6 +466,20 @@ def test_an_allow_list_of_an_earlier_version_is_one_line(train_cfg, capsys) -> N
         ConfigError, match=r"^allowed_targets is no longer needed: the command line and conf/"
     ):
         check_known_keys(train_cfg("+allowed_targets=[mypkg]"), "train")
+
+
+def test_a_key_a_release_renamed_is_one_line_naming_its_new_name_wherever_it_is_set(
+    train_cfg, monkeypatch
+) -> None:
+    """On the command line (the old key is no longer in the config: Hydra refuses it) and in a yaml file
+    (merged into the composed config, `+` here: what nothing would read): never silently ignored."""
+    line = "was renamed accel.compile_knob (0.3): use accel.compile_knob=<value>"
+    monkeypatch.setitem(config.RETIRED, "accel.old_knob", line)
+    with pytest.raises(ConfigError, match=rf"^accel.old_knob {re.escape(line)}$"):
+        check_composes("train", ["accel.old_knob=1"])
+    with pytest.raises(ConfigError, match=rf"^accel.old_knob {re.escape(line)}$"):
+        check_known_keys(train_cfg("+accel.old_knob=1"), "train")
+    check_known_keys(train_cfg("+accel.other_knob=1"), "train")  # a key of the user's own stays theirs
 
 
 # 6. A full disk

@@ -477,8 +477,24 @@ def flat_keys(node: Any, prefix: str = "") -> list[str]:
     return keys
 
 
+#: Keys a release renamed or removed, with what to do instead: a config that still sets one (the command
+#: line, a yaml file of conf/, at any depth) is refused in one line, never silently ignored (docs/engine.md).
+RETIRED: dict[str, str] = {
+    "allowed_targets": "is no longer needed: the command line and conf/ may name any class; remove it "
+    "(from conf/local/default.yaml)",
+}
+
+
+def check_retired(cfg: DictConfig) -> None:
+    for key, instead in RETIRED.items():
+        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:
+            raise ConfigError(f"{key} {instead}")
+
+
 def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
-    """One line for a key that is not in the config, naming the closest of its siblings."""
+    """One line for a key that is not in the config: what replaced it, or the closest of its siblings."""
+    if key in RETIRED:
+        return f"{key} {RETIRED[key]}"
     parent, _, leaf = key.rpartition(".")
     siblings = sorted({k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent} - {"defaults"})
     if leaf in siblings:  # in the default composition, not in this one: another option left it out
@@ -498,12 +514,8 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
         p.name for d in CONF_DIRS for p in d.iterdir() if p.is_dir()
     }
     known = known - {"defaults", "hydra"}
+    check_retired(cfg)
     for key in cfg:
-        if key == "allowed_targets":  # an allow-list of earlier versions
-            raise ConfigError(
-                "allowed_targets is no longer needed: the command line and conf/ may name any class; remove "
-                "it (from conf/local/default.yaml)"
-            )
         if key not in known:
             raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
 
