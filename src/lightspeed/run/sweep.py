@@ -63,35 +63,7 @@ class SweepTable(Callback):
         shutil.rmtree(self.rows_dir, ignore_errors=True)
         if not rows:
             return
-        for row in rows:
-            row["monitor"] = tuple(row["monitor"])
-        monitors = {row["monitor"] for row in rows if row["monitor"][0] is not None}
-        (metric, mode) = monitors.pop() if len(monitors) == 1 else (None, None)  # one for all: comparable
-        shared = [o for o in rows[0]["overrides"] if all(o in row["overrides"] for row in rows)]
-        for row in rows:  # each row shows what it varies; the title what all share
-            row["overrides"] = " ".join(o for o in row["overrides"] if o not in shared) or "-"
-        scores = [row["score"] for row in rows if isinstance(row["score"], (int, float))]
-        best = (min if mode == "min" else max)(scores) if scores and mode else None
-        logged = sorted({k for row in rows for k in row["metrics"]}, key=lambda k: (k.startswith("test/"), k))
-        score = f"{metric} ({mode}, best ckpt)" if metric else "score (its monitor, best ckpt)"
-        names = ["overrides", "run", "status", score, *logged]
-        cells = [
-            [
-                row["overrides"],
-                row["run"],
-                row["status"],
-                _cell(row["score"])
-                + (" *" if row["score"] == best and best is not None else "")
-                + ("" if metric or row["monitor"][0] is None else f" ({row['monitor'][0]})"),
-                *(_cell(row["metrics"].get(k)) for k in logged),
-            ]
-            for row in rows
-        ]
-        title = (
-            f"Lightspeed: sweep of {len(rows)} runs"
-            + (f", all with {' '.join(shared)}" if shared else "")
-            + (" (* the best)" if best is not None else "")
-        )
+        title, names, cells = tabulate(rows)
         table = Table(title=title, title_justify="left")
         for name in names:
             table.add_column(name)
@@ -106,6 +78,46 @@ class SweepTable(Callback):
         lines += ["| " + " | ".join(row) + " |" for row in cells]
         path.write_text("\n".join(lines) + "\n")
         print(f"sweep table: {path}")
+
+
+def tabulate(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[str]]]:
+    """The sweep's title, column names and cells: each row shows the overrides it varies (the title what
+    all share), its score (the best marked where every job has the same monitor, so the scores compare)
+    and every validation and test metric any job logged."""
+    metric, mode, best = _judge(rows)
+    shared = [o for o in rows[0]["overrides"] if all(o in row["overrides"] for row in rows)]
+    logged = sorted({k for row in rows for k in row["metrics"]}, key=lambda k: (k.startswith("test/"), k))
+    score = f"{metric} ({mode}, best ckpt)" if metric else "score (its monitor, best ckpt)"
+    cells = [
+        [
+            " ".join(o for o in row["overrides"] if o not in shared) or "-",
+            row["run"],
+            row["status"],
+            _score(row, best, metric),
+            *(_cell(row["metrics"].get(k)) for k in logged),
+        ]
+        for row in rows
+    ]
+    title = f"Lightspeed: sweep of {len(rows)} runs"
+    title += (f", all with {' '.join(shared)}" if shared else "") + (
+        " (* the best)" if best is not None else ""
+    )
+    return title, ["overrides", "run", "status", score, *logged], cells
+
+
+def _judge(rows: list[dict[str, Any]]) -> tuple[str | None, str | None, float | None]:
+    """The jobs' one monitor (metric, mode) and the best score, where every job has the same monitor."""
+    monitors = {tuple(row["monitor"]) for row in rows if row["monitor"][0] is not None}
+    (metric, mode) = monitors.pop() if len(monitors) == 1 else (None, None)
+    scores = [row["score"] for row in rows if isinstance(row["score"], (int, float))]
+    return metric, mode, (min if mode == "min" else max)(scores) if scores and mode else None
+
+
+def _score(row: dict[str, Any], best: float | None, metric: str | None) -> str:
+    """The row's score, `*` if the best; where jobs have monitors of their own, the row's named."""
+    mark = " *" if best is not None and row["score"] == best else ""
+    own = "" if metric or row["monitor"][0] is None else f" ({row['monitor'][0]})"
+    return _cell(row["score"]) + mark + own
 
 
 def _cell(value: Any) -> str:
