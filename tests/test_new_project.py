@@ -81,6 +81,18 @@ def test_the_project_holds_the_user_s_part_under_its_name_and_pins_the_engine(ac
     assert texts["README.md"].startswith("# acme\n\nMade by Lightspeed's `make new-project` on ")
 
 
+def test_every_extra_of_the_engine_is_an_extra_of_the_project_under_its_name(acme: Path) -> None:
+    """The engine's one-line errors say `make install EXTRAS=dev,export`: that must work in a project too
+    (bench is in the pin itself)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    engine = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    project = tomllib.loads((acme / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {name: project.get(name) for name in engine if name not in ("dev", "bench")} == {
+        name: [f"lightspeed[{name}]"] for name in engine if name not in ("dev", "bench")
+    }
+    assert {"pytest", "pytest-xdist", "ruff"} <= {re.split(r"[<>=]", d)[0] for d in project["dev"]}
+
+
 def test_the_engine_is_pinned_at_this_checkout_s_commit_by_default(tmp_path: Path) -> None:
     proc = new_project("acme", str(tmp_path / "acme"))
     assert proc.returncode == 0, proc.stderr
