@@ -36,7 +36,7 @@ from lightspeed.eval import run as evaluate
 from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.run.entry import check_composes
-from lightspeed.train import train
+from lightspeed.train import Run, train
 from probes import Fault
 
 FIT = [*TINY, "test_after_fit=false", "model.scheduler.name=none"]
@@ -190,6 +190,20 @@ def test_the_lock_is_released_when_the_run_ends(run_dir: Path) -> None:
     with lock.held(run_dir), pytest.raises(Exception, match="in use by another run"):
         lock.acquire(run_dir)
     lock.acquire(run_dir).close()
+
+
+def test_a_run_refused_after_taking_its_lock_releases_it(train_cfg, run_dir: Path, monkeypatch) -> None:
+    """A setting refused once the lock is held (accel's autos resolve after it) still frees the folder."""
+
+    def refuse(cfg: Any) -> None:
+        raise ConfigError("accel.compile=true is refused here")
+
+    monkeypatch.setattr("lightspeed.speed.accel.resolve", refuse)
+    with pytest.raises(SystemExit) as refused, Run(train_cfg(*TINY)):
+        pass
+    assert (run_dir / lock.LOCK_FILE).exists()  # it was taken
+    lock.acquire(run_dir).close()  # while `refused` keeps the failed run's frames (and objects) alive
+    assert refused.value.code == 2
 
 
 def _write_repeatedly(target: str, step: int, size: int, barrier: Any) -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
@@ -97,44 +98,91 @@ class TrainResult:
     best_checkpoint: str | None = None
 
 
-def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainResult:
-    """Train as `cfg` says, with `extra_callbacks` beside the configured ones (for programmatic use)."""
-    silence_known_noise()
-    with ExitStack() as held:
+class Run:
+    """One training run of `cfg`, in the steps a train entry shows (a project's `train.py` is these lines):
+
+        with Run(cfg) as run:                 # checks, identity, the run's lock, accel autos, seed
+            dm = run.datamodule()             # conf/data
+            model = run.model(dm)             # conf/model, with what only the data knows (num_classes, ...)
+            trainer = run.trainer(callbacks)  # conf/trainer, callbacks and logger, the engine's guards
+            run.fit(trainer, model, dm)       # resumes this run's newest checkpoint; the exit codes
+            result = run.finish(trainer, model, dm)  # tests the best checkpoint, writes the summary
+
+    Each step says a bad setting in one line (ConfigError); the lock is held until the block ends.
+    """
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        self._held = ExitStack()
+        self._given: dict[str, Any] = {}
+        self._ckpt_path: str | None = None
+        self._start_info: dict[str, Any] | None = None
+        self._fit_s = 0.0
+
+    def __enter__(self) -> Run:
+        try:
+            self._start()
+        except BaseException:
+            self._held.close()  # the lock, if it was taken
+            raise
+        return self
+
+    def _start(self) -> None:
+        cfg = self.cfg
+        silence_known_noise()
         with exit_on_config_error():
             validate_train(cfg)
-            ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves its autos
+            self.ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves
             with open_dict(cfg):
                 cfg.run_name = str(cfg.run_name)  # its hash, as the folder has it, before the config changes
             monitor.settle(cfg)  # ... and before the model's monitor fills the config's
             refuse_multirun_with_ddp(cfg)
-            held.enter_context(lock.held(Path(cfg.paths.output_dir)))  # until the run ends, however
-            idle = accel.resolve(cfg)
+            self._held.enter_context(lock.held(Path(cfg.paths.output_dir)))  # until the run ends, however
+            self._idle = accel.resolve(cfg)
             accel.apply_to_torch(cfg)
             L.seed_everything(cfg.seed, workers=True, verbose=False)
-            dm = build.datamodule(cfg)
-            given = build.from_data(cfg, dm)
-            model = build.model(cfg, dm, given)
-            accel.apply_to_model(cfg, model)
-            trainer = build.trainer(cfg, extra_callbacks, ident, from_data=sorted(given))
-            accel.report_idle(idle, accel.device_type(cfg))
-            ckpt_path, start_info = resume.start(cfg, ident)
-        config = build.plain_config(cfg)
-        summary.config_tree(config, Path(cfg.paths.output_dir), show=cfg.get("print_config", True))
-        tracking.log_config(config, trainer.loggers)
-        tracking.remember(cfg, trainer.loggers)
 
+    def __exit__(self, *exc: object) -> None:
+        self._held.close()
+
+    def datamodule(self) -> L.LightningDataModule:
+        with exit_on_config_error():
+            return build.datamodule(self.cfg)
+
+    def model(self, dm: L.LightningDataModule) -> L.LightningModule:
+        with exit_on_config_error():
+            self._given = build.from_data(self.cfg, dm)
+            model = build.model(self.cfg, dm, self._given)
+            accel.apply_to_model(self.cfg, model)
+        return model
+
+    def trainer(self, callbacks: Sequence[L.Callback] = ()) -> L.Trainer:
+        cfg = self.cfg
+        with exit_on_config_error():
+            trainer = build.trainer(cfg, callbacks, self.ident, from_data=sorted(self._given))
+            accel.report_idle(self._idle, accel.device_type(cfg))
+            self._ckpt_path, self._start_info = resume.start(cfg, self.ident)
+        self.config = build.plain_config(cfg)
+        summary.config_tree(self.config, Path(cfg.paths.output_dir), show=cfg.get("print_config", True))
+        tracking.log_config(self.config, trainer.loggers)
+        tracking.remember(cfg, trainer.loggers)
+        return trainer
+
+    def fit(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> None:
         start = time.perf_counter()
         # weights_only: a checkpoint can only hold plain data; loading it never runs code
         with (
             exit_on_config_error(),
-            exit_on_failure(cfg, trainer),
+            exit_on_failure(self.cfg, trainer),
             stop_other_ranks_on_failure(trainer),
-            checkpoint.loading(ckpt_path),
+            checkpoint.loading(self._ckpt_path),
         ):
-            trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
-        fit_s = time.perf_counter() - start
-        ckpt = trainer.checkpoint_callback
+            trainer.fit(model, datamodule=dm, ckpt_path=self._ckpt_path, weights_only=True)
+        self._fit_s = time.perf_counter() - start
+
+    def finish(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> TrainResult:
+        """The fit's figures and summary; with `test_after_fit`, the best checkpoint tested too."""
+        cfg, ckpt, start_info = self.cfg, trainer.checkpoint_callback, self._start_info
         # Only a monitored checkpoint is a "best" one (Lightning's default checkpoint just keeps the last).
         best = ckpt.best_model_path if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
         metrics: dict[str, float] = {
@@ -146,12 +194,11 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             metrics = {**start_info["metrics"], **metrics}
             if trainer.global_step == start_info["global_step"]:
                 rank_zero_info(
-                    f"nothing left to train: {ckpt_path} had already finished; testing its best checkpoint "
-                    "again (run_name=<new name> trains a new run)"
+                    f"nothing left to train: {self._ckpt_path} had already finished; testing its best "
+                    "checkpoint again (run_name=<new name> trains a new run)"
                 )
         # The last validation's metrics are the run's (and last.ckpt's); the best checkpoint's, beside them.
         metrics |= {f"{k}@best": v for k, v in getattr(ckpt, "best_metrics", {}).items() if best}
-        tested = cfg.get("test_after_fit", True)
         run_dir = Path(cfg.paths.output_dir)
         facts = {
             "run_dir": run_dir,
@@ -160,12 +207,12 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
             "last_checkpoint": ckpt.last_model_path if ckpt is not None and ckpt.last_model_path else None,
             "global_step": trainer.global_step,
             "epochs": trainer.current_epoch,
-            "fit_seconds": round(fit_s, 2),
+            "fit_seconds": round(self._fit_s, 2),
             "tested": None,
             "curves": None,
-            "config": config,
+            "config": self.config,
         }
-        if tested:
+        if cfg.get("test_after_fit", True):
             # The fit's summary first: a test that fails (a corrupt test image) loses nothing of the fit,
             # and `make eval ckpt_path=latest` finds its best checkpoint.
             summary.write(run_dir, facts, metrics)
@@ -184,6 +231,19 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         return TrainResult(trainer, model, score, metrics, best)
 
 
+def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainResult:
+    """Train as `cfg` says, with `extra_callbacks` beside the configured ones (for programmatic use)."""
+    with Run(cfg) as run:
+        dm = run.datamodule()
+        model = run.model(dm)
+        trainer = run.trainer(extra_callbacks)
+        run.fit(trainer, model, dm)
+        return run.finish(trainer, model, dm)
+
+
+TrainFn = Callable[[DictConfig, Sequence[L.Callback]], TrainResult]
+
+
 def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> float | None:
     name = cfg.monitor.metric if "monitor" in cfg else None
     ckpt = trainer.checkpoint_callback
@@ -197,11 +257,11 @@ def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, flo
     return metrics.get(name) if name else None
 
 
-def train_or_search(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> float | None:
-    """A run, or with `hparams_search`, an Optuna search of runs; the score Hydra's sweepers read.
-    `callbacks` join the configured ones in every run (a project's train.py passes its own)."""
+def train_or_search(cfg: DictConfig, run: TrainFn = train) -> float | None:
+    """`run(cfg, callbacks)` once, or with `hparams_search`, an Optuna search of such runs; the score Hydra's
+    sweepers read. A project's train.py passes its own `train`."""
     if not cfg.get("hparams_search"):
-        return train(cfg, callbacks).score
+        return run(cfg, ()).score
     with exit_on_config_error():
         validate_train(cfg)
         if cfg.trainer.get("devices", 1) != 1 or cfg.trainer.get("num_nodes", 1) != 1:
@@ -211,7 +271,7 @@ def train_or_search(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> fl
                 "on one device (trainer=cpu or trainer=gpu)"
             )
         monitor.settle(cfg)
-        return search.run(cfg, lambda trial_cfg, pruning: train(trial_cfg, [*callbacks, *pruning]).score)
+        return search.run(cfg, lambda trial_cfg, pruning: run(trial_cfg, pruning).score)
 
 
 #: Console entry point: `lightspeed-train` and `python -m lightspeed.train`.
