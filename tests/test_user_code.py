@@ -45,7 +45,7 @@ def test_a_datamodule_without_num_classes_is_one_line(train_cfg, capsys) -> None
 
 
 def test_only_what_a_module_is_built_from_comes_from_the_data_and_eval_rebuilds_it(
-    train_cfg, eval_cfg, run_dir: Path, capsys
+    train_cfg, eval_cfg, run_dir: Path, capsys, caplog
 ) -> None:
     """Not Lightning's own DataModule attributes (`name`), nor the DataModule's settings (`batch_size`) for
     an argument that has a default; `make eval` then rebuilds the module from its checkpoint (`lr` left at
@@ -74,6 +74,16 @@ def test_only_what_a_module_is_built_from_comes_from_the_data_and_eval_rebuilds_
     )
     tested = evaluate(eval_cfg(*quiet, "module=probes.NamedClassifier"))  # named by the user: code they run
     assert tested["test/loss"] == pytest.approx(result.metrics["test/loss"])
+    # without a predict_step of its own, predict=true is one line of what it loses, then the test's figures
+    caplog.clear()
+    predicted = evaluate(eval_cfg(*quiet, "module=probes.NamedClassifier", "predict=true"))
+    assert predicted["test/loss"] == pytest.approx(result.metrics["test/loss"])
+    said = [r.getMessage() for r in caplog.records if "predict_step" in r.getMessage()]
+    assert said == [
+        "predict=true: NamedClassifier has no predict_step, so nothing is predicted (no predictions.csv or "
+        "pictures): give it one returning a dict of tensors (docs/guide.md)"
+    ]
+    assert not list(run_dir.parent.parent.parent.glob("eval/runs/*/predictions.csv"))
     forwarding = train(train_cfg(*TINY, "model._target_=probes.ForwardingClassifier", "debug=fdr"))
     assert forwarding.model.hparams["num_classes"] == 10  # `**kwargs` passed on: the base class's arguments
 

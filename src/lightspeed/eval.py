@@ -64,14 +64,23 @@ def run(cfg: DictConfig) -> dict[str, float]:
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     matrix = getattr(model, "confusion_matrix", None)  # a classifier's, computed in testing
     confusion = confusion_matrix.write(matrix, run_dir, class_names) if torch.is_tensor(matrix) else None
-    predictions, found = None, viz.Intermediates() if cfg.get("viz") else None
-    if cfg.predict or found is not None:
+    predict, found = bool(cfg.predict), viz.Intermediates() if cfg.get("viz") else None
+    predictions = None
+    if (predict or found is not None) and type(model).predict_step is L.LightningModule.predict_step:
+        # Lightning's own predict_step calls the module on the whole batch (inputs and targets): a traceback
+        asked = " and ".join(f"{k}=true" for k in ("predict", "viz") if cfg.get(k))
+        rank_zero_info(
+            f"{asked}: {type(model).__name__} has no predict_step, so nothing is predicted (no "
+            "predictions.csv or pictures): give it one returning a dict of tensors (docs/guide.md)"
+        )
+        predict, found = False, None
+    if predict or found is not None:
         if found is not None:
             trainer.callbacks.append(found)
         with exit_on_config_error(), exit_on_failure(cfg, trainer):
             # the Trainer predicts under torch.inference_mode
-            batches = trainer.predict(model, datamodule=dm, return_predictions=bool(cfg.predict))
-        if cfg.predict:
+            batches = trainer.predict(model, datamodule=dm, return_predictions=predict)
+        if predict:
             predictions = _write_predictions(batches or [], run_dir / "predictions.csv", class_names)
     pictures = _pictures(found, run_dir, class_names, type(model).__name__) if found is not None else None
     summary.report(
