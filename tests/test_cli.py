@@ -12,6 +12,7 @@ import pytest
 
 from conftest import LIMIT, REPO, run_module
 from lightspeed.core.config import ConfigError
+from lightspeed.run import entry
 from lightspeed.run.entry import check_composes
 
 QUIET = [
@@ -48,6 +49,24 @@ def test_a_mistyped_key_is_named_with_the_fix() -> None:
         "trainer.max_epoch is not a setting: did you mean trainer.max_epochs? "
         "to add a key of your own: +trainer.max_epoch=3"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "composed"),
+    [([], 1), (["model=mlp", "~callbacks.lr_monitor"], 1), (["trainer.max_epochs=3"], 2)],
+)
+def test_the_check_before_hydra_composes_the_types_only_for_values_of_the_command_line(
+    monkeypatch, args: list[str], composed: int
+) -> None:
+    """Options alone (`make train`, `model=mlp`) compose once before Hydra does; a value (`x=3`) once
+    more, without the values, for the types it must keep. A wrong type is still one line."""
+    calls = []
+    real = entry.compose
+    monkeypatch.setattr(entry, "compose", lambda *a, **k: calls.append(a) or real(*a, **k))
+    check_composes("train", args)
+    assert len(calls) == composed
+    with pytest.raises(ConfigError, match=r"^trainer.max_epochs="):
+        check_composes("train", ["trainer.max_epochs=many"])
 
 
 @pytest.mark.slow

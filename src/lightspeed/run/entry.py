@@ -109,7 +109,8 @@ def check_composes(config_name: str, args: list[str]) -> None:
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name, overrides=[*search, *overrides], return_hydra_config=True)
-            schema = compose(config_name, overrides=[*search, *choices])
+            # the types the options declare, without the command line's values (none: the same config)
+            schema = compose(config_name, overrides=[*search, *choices]) if choices != overrides else None
             for job in _swept_folder_names(swept):  # each job's folder names, as that job resolves them
                 check_folder_names(compose(config_name, [*search, *overrides, job], return_hydra_config=True))
         check_folder_names(cfg)
@@ -120,7 +121,8 @@ def check_composes(config_name: str, args: list[str]) -> None:
     with open_dict(cfg):
         del cfg.hydra
     check_known_keys(cfg, config_name)
-    check_types(OmegaConf.to_container(cfg, resolve=False), OmegaConf.to_container(schema, resolve=False))
+    if schema is not None:
+        check_types(OmegaConf.to_container(cfg, resolve=False), OmegaConf.to_container(schema, resolve=False))
 
 
 def _searchpath(config_name: str, extra_dirs: list[str]) -> str:
