@@ -134,8 +134,9 @@ def engine_pin(engine: str) -> tuple[str, str]:
         return subprocess.run(["git", *args], cwd=TEMPLATE, capture_output=True, text=True).stdout.strip()
 
     commit = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    said = f"pinned at commit {commit[:12]}, without the uncommitted changes here" if dirty else ""
+    said = "this checkout's commit, a local path: ENGINE=git+<url>@<tag> pins a published engine"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        said += "; the uncommitted changes here are not in it"
     return f"git+file://localhost{TEMPLATE}@{commit}", said
 
 
@@ -143,7 +144,7 @@ def project_files(keep: list[str]) -> dict[str, bytes]:
     """Every file of the new project, by its path in the project, before the package is named."""
     files: dict[str, bytes] = {}
     for rel in (*COPIED, *(f for example in keep for f in EXAMPLES[example])):
-        text = (TEMPLATE / rel).read_text()
+        text = (TEMPLATE / rel).read_text(encoding="utf-8")
         text = ENTRY.sub(f"{PLACEHOLDER}.train", MOVED.sub(rf"{PLACEHOLDER}.\1.\2", text))
         text = MOVED_FILE.sub(rf"src/{PLACEHOLDER}/\1/\2.py", text)
         text = SHORT.sub(lambda m: f"{PLACEHOLDER}.data.{m.group(1).lower()}.{m.group(1)}DataModule", text)
@@ -163,7 +164,7 @@ def write_project(name: str, into: Path, keep: list[str], engine: str) -> None:
         if rel == "README.md":
             title, _, rest = text.partition("\n")
             text = f"{title}\n\n{origin_line(engine)}{rest}"
-        target.write_text(text)
+        target.write_text(text, encoding="utf-8")
 
 
 def origin_line(engine: str) -> str:
