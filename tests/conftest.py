@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.run.entry import compose_config
+from lightspeed.testing import QUIET
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -77,17 +78,7 @@ LIMIT = [
     "++trainer.limit_val_batches=2",
     "++trainer.limit_test_batches=2",
 ]
-TINY = [
-    *LIMIT,
-    "trainer.num_sanity_val_steps=0",
-    "trainer.log_every_n_steps=1",
-    "callbacks.rich_progress_bar=null",
-    "callbacks.model_summary=null",
-    "trainer.enable_progress_bar=false",
-    "trainer.enable_model_summary=false",
-    "curves=false",  # a picture a run (~0.5 s here; tests/test_curves.py draws them)
-    "print_config=false",  # the tree is still kept in the run folder
-]
+TINY = [*LIMIT, "trainer.log_every_n_steps=1", *QUIET]
 
 
 def run_script(name: str, *args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
