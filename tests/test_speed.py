@@ -323,10 +323,12 @@ def test_empty_per_batch_hooks_are_not_called_and_implemented_ones_are(train_cfg
     assert calls["[Callback]Counter.on_train_batch_start"] == steps  # LearningRateMonitor's own
     assert calls["[Callback]NonFiniteGuard.on_train_batch_end"] == steps
     assert "[Callback]NonFiniteGuard.on_before_optimizer_step" not in calls  # action=stop: unused
-    for hook in ("on_before_backward", "on_after_backward"):  # no configured callback or module does one
-        assert not any(k.endswith(f".{hook}") and "Counter" not in k for k in calls), hook
+    for hook in ("on_before_backward", "on_after_backward"):  # no configured callback does one
+        assert not any(
+            k.startswith("[Callback]") and k.endswith(f".{hook}") and "Counter" not in k for k in calls
+        )
         assert calls[f"[Callback]Counter.{hook}"] == steps  # the caller's own callback is left as given
-    assert not any(k.startswith("[LightningModule]") and "on_train_batch" in k for k in calls)
+    assert calls["[LightningModule]Classifier.on_train_batch_end"] == steps  # the user's module: as written
     assert not any(
         k.startswith("[Callback]") and "on_validation_batch" in k and "Counter" not in k for k in calls
     )
@@ -352,23 +354,22 @@ def test_skip_empty_leaves_overridden_and_instance_hooks_alone() -> None:
     assert "on_before_backward" in skipped and cb.on_before_backward is None
 
 
-def test_the_user_s_module_keeps_its_own_class_and_only_empty_training_hooks_are_taken_off() -> None:
-    """build.model takes the module's empty per-batch training hooks off Lightning's hot path and nothing
-    else: its class stays the user's own (no runtime class swap), and it pickles and copies as written."""
+def test_the_user_s_module_is_built_as_written_with_no_hook_or_class_of_ours(train_cfg) -> None:
+    """build.model sets nothing on the user's module: its class is their own, no hook is switched off on
+    the instance, and it pickles and copies as written."""
     import copy
     import pickle
 
-    from lightspeed.compat.hooks import TRAINING, speed_up_module
+    from lightspeed.compat.hooks import EVALUATION, TRAINING
     from lightspeed.models.classifier import Classifier
+    from lightspeed.run import build
 
-    model = Classifier(
-        {"name": "mlp", "hidden": [8], "dropout": 0.0}, {"name": "AdamW"}, {"name": "none"}, 3, [4]
-    )
-    skipped = speed_up_module(model)
-    assert type(model) is Classifier and set(skipped) <= set(TRAINING) and skipped
-    assert all(vars(model)[name] is None for name in skipped)
+    cfg = train_cfg("model=mlp")
+    model = build.model(cfg, build.datamodule(cfg)).eval()  # dropout off: copies compute alike
+    assert type(model) is Classifier
+    assert not {*TRAINING, *EVALUATION} & set(vars(model)), "a hook was set on the user's module"
     for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):  # ddp_spawn, loggers
-        assert type(copied) is Classifier and torch.equal(copied(torch.ones(1, 4)), model(torch.ones(1, 4)))
+        assert type(copied) is Classifier and torch.equal(copied(torch.ones(1, 64)), model(torch.ones(1, 64)))
 
 
 def test_auto_warmup_waits_for_the_step_time_to_settle_and_max_timed_steps_ends_the_run(

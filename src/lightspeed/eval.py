@@ -14,7 +14,6 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.compat import hooks
 from lightspeed.core import summary
 from lightspeed.core.config import (
     ConfigError,
@@ -47,7 +46,6 @@ def run(cfg: DictConfig) -> dict[str, float]:
         idle = accel.resolve(cfg)
         accel.apply_to_torch(cfg)
         ckpt, stored, model = load_module(cfg)
-        hooks.speed_up_module(model)
         given = use_run_data(cfg, stored, ckpt)
         dm = build.datamodule(cfg)
         _check_fits(model, stored.get(FROM_DATA_KEY), dm)

@@ -93,9 +93,7 @@ def model(
     check_inputs_fit(cfg, given)
     # Not recursive: a `_target_` inside (model.net) reaches the module as plain data, which it builds
     # itself and keeps in its hyperparameters (weights_only checkpoints)
-    module = instantiate(cfg.model, "model", **given, _convert_="all", _recursive_=False)
-    hooks.speed_up_module(module)
-    return module
+    return instantiate(cfg.model, "model", **given, _convert_="all", _recursive_=False)
 
 
 def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
