@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 # Hooks that Lightning calls once per batch, through the callable check above, and whose base
-# implementations (Callback, ModelHooks) are empty.
+# implementations (Callback's) are empty.
 TRAINING = (
     "on_train_batch_start",
     "on_train_batch_end",
