@@ -48,9 +48,8 @@ RUN = [
     "trainer.num_sanity_val_steps=0",
     "+callbacks.model_checkpoint.every_n_train_steps=3",
     "callbacks.rich_progress_bar=null",
-    "callbacks.model_summary=null",
+    "callbacks.speed_report.summary_depth=0",
     "trainer.enable_progress_bar=false",
-    "trainer.enable_model_summary=false",
 ]
 #: The same data streamed from LitData shards (written once, by `python -m lightspeed.shards`, into SHARDS
 #: under the chaos folder), read by a loader worker, with random flips.

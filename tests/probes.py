@@ -61,7 +61,13 @@ class RankProbe(L.Callback):
             ),
             "loader": type(trainer.train_dataloader).__name__,
             "identity": next(  # the run identity this rank computed from its own command line
-                (digest(cb.ident) for cb in trainer.callbacks if isinstance(cb, RunIdentity)), None
+                (
+                    digest(p.ident)
+                    for cb in trainer.callbacks
+                    for p in getattr(cb, "parts", ())
+                    if isinstance(p, RunIdentity)
+                ),
+                None,
             ),
         }
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(facts))

@@ -14,6 +14,7 @@ import torch
 
 from conftest import TESTS, TINY, run_module
 from lightspeed.callbacks import NonFiniteGuard
+from lightspeed.resilience.guard import RunGuard
 from lightspeed.train import train
 from probes import Fault, Snapshot
 
@@ -54,7 +55,8 @@ def test_skip_drops_the_update_of_a_non_finite_step_and_trains_on(train_cfg, cap
     result = train(
         train_cfg(*TINY, "callbacks.nonfinite.action=skip", "test_after_fit=false"), [Fault("nan", 2), snap]
     )
-    guard = next(cb for cb in result.trainer.callbacks if isinstance(cb, NonFiniteGuard))
+    (run_guard,) = [cb for cb in result.trainer.callbacks if isinstance(cb, RunGuard)]
+    guard = next(p for p in run_guard.parts if isinstance(p, NonFiniteGuard))
     assert guard.skipped == 1 and result.trainer.global_step == 10
     for key, before in snap.before["weights"].items():
         assert torch.equal(before, snap.after["weights"][key]), key  # the step changed nothing
@@ -215,7 +217,7 @@ def test_ddp_sigterm_to_the_first_rank_saves_once_for_all_ranks_and_the_rerun_co
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert proc.stderr.count("preempted by SIGTERM: saved") == 1 and "at step 3" in proc.stderr
     state = torch.load(last, weights_only=True)
-    assert state["global_step"] == 3 and len(state["callbacks"]["RankSeed"]["ranks"]) == 2  # both ranks' RNG
+    assert state["global_step"] == 3 and len(state["rank_rng"]["ranks"]) == 2  # both ranks' RNG
     again, _ = _ddp_run(tmp_path, *fault)  # the same command: the fault's step has passed
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resume=auto: continuing from" in again.stdout + again.stderr

@@ -16,7 +16,7 @@ from lightspeed.run.entry import compose_config
 from lightspeed.train import train
 from probes import CompileProbe, LayoutProbe, SyncErrors
 
-QUIET = ["test_after_fit=false", "callbacks.model_summary=null", "trainer.enable_model_summary=false"]
+QUIET = ["test_after_fit=false", "callbacks.speed_report.summary_depth=0"]
 # As tests/test_steady_state.py: the logger, the non-finite guard and the speed report's one sync fall on
 # the same steps (every 10th); the bar is redrawn at every step but reads values only on those.
 CADENCE = [

@@ -496,6 +496,20 @@ def test_a_key_a_release_renamed_is_one_line_naming_its_new_name_wherever_it_is_
     check_known_keys(train_cfg("+accel.other_knob=1"), "train")  # a key of the user's own stays theirs
 
 
+def test_the_model_summary_s_old_key_names_the_speed_report_s_and_a_user_s_own_summary_stays(
+    train_cfg,
+) -> None:
+    """0.2 prints the model summary from the speed report: `callbacks.model_summary.max_depth=3` (and
+    `callbacks.model_summary=null`, of the quiet test lists) is one line naming the new key; a
+    ModelSummary the user configures in a callbacks group of their own is theirs, and kept."""
+    new = "callbacks.speed_report.summary_depth"
+    for old in ("callbacks.model_summary.max_depth=3", "callbacks.model_summary=null"):
+        with pytest.raises(ConfigError, match=rf"^callbacks.model_summary\S* *.*is now {new}:"):
+            check_composes("train", [old])
+    own = "+callbacks.model_summary={_target_:lightning.pytorch.callbacks.ModelSummary,max_depth:3}"
+    check_known_keys(train_cfg(own), "train")
+
+
 # 6. A full disk
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -12,7 +13,7 @@ import torch
 
 from conftest import REPO, TINY, run_script
 from lightspeed.core.config import ConfigError
-from lightspeed.resilience import resume
+from lightspeed.resilience import checkpoint, resume
 from lightspeed.run.entry import compose_config
 from lightspeed.train import train
 from probes import Fault
@@ -149,6 +150,30 @@ def test_a_preempted_and_resumed_run_is_bit_identical_to_an_uninterrupted_one(
     assert after and all(whole[key] == value for key, value in after.items())
     assert {key for key in whole if int(key[0]) >= step} <= set(after)  # nothing it should log is missing
     assert resumed.metrics == whole_metrics  # summary.json's, and the latest loss the bar showed
+
+
+def test_an_earlier_lightspeed_s_checkpoint_resumes_bit_identical_and_without_a_warning(
+    train_cfg, tmp_path: Path, uninterrupted
+) -> None:
+    """Before 0.2 each rank's random states were a callback's own state (`callbacks["RankSeed"]`): such a
+    checkpoint still resumes exactly (dropout draws the same), and Lightning does not ask for a callback
+    the run no longer has."""
+    loader = "data.on_device=true"
+    _, whole_weights, _ = uninterrupted[loader]
+    cut = [*EXACT, loader, f"paths.output_dir={tmp_path / 'cut'}"]
+    with pytest.raises(SystemExit):
+        train(train_cfg(*cut), [Fault("sigterm", step=9)])
+    last = tmp_path / "cut" / "checkpoints" / "last.ckpt"
+    state = torch.load(last, weights_only=True)
+    state["callbacks"]["RankSeed"] = state.pop("rank_rng")  # the layout an earlier release wrote
+    state[checkpoint.CHECKSUM_KEY] = checkpoint.checksum(state)
+    torch.save(state, last)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = train(train_cfg(*cut))
+    assert not [w for w in caught if "callbacks" in str(w.message) and "RankSeed" in str(w.message)]
+    for key, value in whole_weights.items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
 
 
 @pytest.mark.slow

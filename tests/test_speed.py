@@ -211,8 +211,7 @@ def test_progress_bar_reads_metrics_on_a_clock(train_cfg, monkeypatch, seconds_p
     result = train(
         train_cfg(
             "debug=limit",
-            "callbacks.model_summary=null",
-            "trainer.enable_model_summary=false",
+            "callbacks.speed_report.summary_depth=0",
             "callbacks.rich_progress_bar.refresh_rate=1",
             "++trainer.limit_train_batches=10",
             "++trainer.limit_val_batches=0",
@@ -321,8 +320,8 @@ def test_empty_per_batch_hooks_are_not_called_and_implemented_ones_are(train_cfg
     }
     assert counter.zero_grads == steps and calls["[Callback]Counter.on_before_zero_grad"] == steps
     assert calls["[Callback]Counter.on_train_batch_start"] == steps  # LearningRateMonitor's own
-    assert calls["[Callback]NonFiniteGuard.on_train_batch_end"] == steps
-    assert "[Callback]NonFiniteGuard.on_before_optimizer_step" not in calls  # action=stop: unused
+    assert calls["[Callback]RunGuard.on_train_batch_end"] == steps  # the guards' parts: one call a step
+    assert "[Callback]RunGuard.on_before_optimizer_step" not in calls  # nonfinite action=stop: unused
     for hook in ("on_before_backward", "on_after_backward"):  # no configured callback does one
         assert not any(
             k.startswith("[Callback]") and k.endswith(f".{hook}") and "Counter" not in k for k in calls

@@ -12,8 +12,7 @@ from probes import CompileProbe, SyncCounter
 
 QUIET = [
     "test_after_fit=false",
-    "callbacks.model_summary=null",
-    "trainer.enable_model_summary=false",
+    "callbacks.speed_report.summary_depth=0",
 ]
 # The logger writes every 10 steps; the non-finite guard reads its kept losses at the same cadence, and
 # the speed report synchronises once, when its warm-up ends: all on the same steps. The progress bar

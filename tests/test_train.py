@@ -236,13 +236,34 @@ def test_logger_options(train_cfg, run_dir: Path, logger: str, artifact: str | N
         assert (run / artifact).is_file()
 
 
+def test_a_default_run_has_six_callbacks_and_prints_the_model_summary_once(train_cfg, caplog) -> None:
+    """Lightning dispatches every hook to every callback: the engine's own parts are one RunGuard, and the
+    speed report prints the model summary that a ModelSummary callback would."""
+    result = train(train_cfg(*LIMIT, "curves=false"))
+    names = [type(cb).__name__ for cb in result.trainer.callbacks]
+    assert names == [
+        "RunGuard",
+        "EarlyStopping",
+        "ProgressBar",
+        "LearningRateMonitor",
+        "SpeedReport",
+        "ModelCheckpoint",
+    ]
+    assert caplog.text.count("Total params") == 1 and "net.features" in caplog.text  # 2 layers deep
+    caplog.clear()
+    train(train_cfg(*LIMIT, "curves=false", "callbacks.speed_report.summary_depth=0", "run_name=quiet"))
+    assert "Total params" not in caplog.text
+
+
 def test_callbacks_none_keeps_what_nothing_lost_needs(train_cfg, run_dir: Path) -> None:
     """callbacks=none drops the optional callbacks, not the run's checkpoints where resume=auto looks,
     preemption or the non-finite guard."""
     result = train(train_cfg("callbacks=none", *LIMIT, "trainer.enable_progress_bar=false"))
     names = {type(cb).__name__ for cb in result.trainer.callbacks}
-    assert "EarlyStopping" not in names and "LearningRateMonitor" not in names
-    assert {"RankSeed", "Preemption", "NonFiniteGuard", "ModelCheckpoint"} <= names
+    assert names == {"RunGuard", "ModelCheckpoint"}  # no bar (switched off) nor early stopping
+    (guard,) = [cb for cb in result.trainer.callbacks if type(cb).__name__ == "RunGuard"]
+    parts = [type(p).__name__ for p in guard.parts]
+    assert parts == ["MonitorCheck", "NonFiniteGuard", "Preemption", "RankSeed", "ExactResume", "RunIdentity"]
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["last.ckpt"]
 
 

@@ -29,9 +29,8 @@ from lightspeed import CONF_DIR, CONF_DIRS
 QUIET = [
     "trainer.num_sanity_val_steps=0",
     "callbacks.rich_progress_bar=null",
-    "callbacks.model_summary=null",
+    "callbacks.speed_report.summary_depth=0",
     "trainer.enable_progress_bar=false",
-    "trainer.enable_model_summary=false",
     "curves=false",  # a picture a run (~0.5 s on 2 CPU cores; tests/test_curves.py draws them)
     "print_config=false",  # the tree is still kept in the run folder
 ]

@@ -194,7 +194,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v == "auto" or (_is_int(v) and v >= 0),
         "auto (until the step time settles) or an integer >= 0",
     ),
-    "callbacks.model_summary.max_depth": _int_at_least(-1, " (-1: every layer, 0: none)"),
+    "callbacks.speed_report.summary_depth": _int_at_least(-1, " (-1: every layer, 0: none)"),
     "callbacks.rich_progress_bar.refresh_rate": _int_at_least(1, " (updates a second)"),
     "logger.csv.save_dir": (lambda v: isinstance(v, str) and v != "", "a folder"),
     "logger.tensorboard.save_dir": (lambda v: isinstance(v, str) and v != "", "a folder"),
@@ -480,21 +480,27 @@ def flat_keys(node: Any, prefix: str = "") -> list[str]:
 #: Keys a release renamed or removed, with what to do instead: a config that still sets one (the command
 #: line, a yaml file of conf/, at any depth) is refused in one line, never silently ignored (docs/engine.md).
 RETIRED: dict[str, str] = {
+    "callbacks.model_summary.max_depth": "is now callbacks.speed_report.summary_depth: the speed report "
+    "prints the model summary (0: none)",
     "allowed_targets": "is no longer needed: the command line and conf/ may name any class; remove it "
     "(from conf/local/default.yaml)",
 }
 
 
 def check_retired(cfg: DictConfig) -> None:
+    """A retired key set in the config; not one beside a `_target_`: that is an argument of an object of
+    the user's own (their ModelSummary in a callbacks group of theirs), not our setting."""
     for key, instead in RETIRED.items():
-        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:
+        parent = OmegaConf.select(cfg, key.rpartition(".")[0]) if "." in key else None
+        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT and "_target_" not in (parent or {}):
             raise ConfigError(f"{key} {instead}")
 
 
 def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
     """One line for a key that is not in the config: what replaced it, or the closest of its siblings."""
-    if key in RETIRED:
-        return f"{key} {RETIRED[key]}"
+    retired = next((k for k in RETIRED if k == key or k.startswith(f"{key}.")), None)  # or a key under it
+    if retired:
+        return f"{retired} {RETIRED[retired]}" if retired == key else f"{key}: {retired} {RETIRED[retired]}"
     parent, _, leaf = key.rpartition(".")
     siblings = sorted({k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent} - {"defaults"})
     if leaf in siblings:  # in the default composition, not in this one: another option left it out

@@ -25,6 +25,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lightspeed.core.config import ConfigError
 from lightspeed.core.failures import TrainingFailure
+from lightspeed.resilience.rank_seed import KEY as RANK_RNG_KEY
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -58,6 +59,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             tmp.unlink(missing_ok=True)
         _fsync_dir(target.parent)
+
+    def load_checkpoint(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return migrate(super().load_checkpoint(*args, **kwargs))
+
+
+def migrate(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """An earlier Lightspeed's checkpoint in today's layout, so that a run resumes across an upgrade.
+
+    Before 0.2 each rank's random states were a callback's own state (`callbacks["RankSeed"]`); Lightning
+    warns about a callback state that no callback of the run claims, and none does since the engine's
+    parts are one callback (`lightspeed.resilience.guard`).
+    """
+    callbacks = checkpoint.get("callbacks")
+    if isinstance(callbacks, dict) and "RankSeed" in callbacks:
+        checkpoint.setdefault(RANK_RNG_KEY, callbacks.pop("RankSeed"))
+    return checkpoint
 
 
 def _out_of_space(err: BaseException | None) -> bool:

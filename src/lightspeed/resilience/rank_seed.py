@@ -12,10 +12,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightspeed.resilience import rank_state
 
+#: Where a checkpoint keeps every rank's random states (before 0.2: `checkpoint["callbacks"]["RankSeed"]`,
+#: moved here when loaded: `lightspeed.resilience.checkpoint.migrate`).
+KEY = "rank_rng"
+
 
 class RankSeed(L.Callback):
     """Reseed torch, numpy and random with `seed + global_rank` once fit starts; save and restore every
-    rank's generator states with each checkpoint.
+    rank's generator states with each checkpoint (`checkpoint["rank_rng"]`).
 
     Everything built before fit (weights, the data split) used the same seed on every rank, as it must.
     From then on, dropout masks and on-device augmentation must differ between ranks, or the ranks would
@@ -39,12 +43,12 @@ class RankSeed(L.Callback):
             np.random.seed(seed)
             torch.manual_seed(seed)  # all devices' generators too
 
-    def state_dict(self) -> dict[str, Any]:
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
         """Every rank's states (a collective: Lightning builds checkpoints on all ranks at once)."""
-        return {"ranks": rank_state.gather(rank_state.capture())}
+        checkpoint[KEY] = {"ranks": rank_state.gather(rank_state.capture())}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._pending = state_dict
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
+        self._pending = checkpoint.get(KEY)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._pending is None:

@@ -82,7 +82,7 @@ class ShardedCheckpoints:
         path = Path(self.broadcast(str(checkpoint_path)))
         if not is_sharded(path):  # a one-file checkpoint (fine-tuning from another run's)
             return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
-        meta = read_meta(path)
+        meta = one_file.migrate(read_meta(path))
         load_weights(self.lightning_module, path)
         meta[LOADED_KEY] = str(path)
         meta.setdefault("optimizer_states", [])  # restored in load_optimizer_state_dict; Lightning wants it

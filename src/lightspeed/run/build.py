@@ -28,6 +28,7 @@ from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.exact_resume import ExactResume
+from lightspeed.resilience.guard import RunGuard
 from lightspeed.resilience.identity import RunIdentity
 from lightspeed.resilience.nonfinite import NonFiniteGuard
 from lightspeed.resilience.preemption import Preemption
@@ -272,9 +273,9 @@ def callbacks(
     cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = None, from_data: Sequence[str] = ()
 ) -> list[Callback]:
     """The configured callbacks, plus what every training run needs whatever `callbacks=` says: its
-    checkpoints where `resume=auto` looks (unless `trainer.enable_checkpointing=false`), preemption, the
-    non-finite guard, per-rank seeds, exact resume and the run's identity in each checkpoint (`ident`, taken
-    from the config as composed, before `accel` resolved it)."""
+    checkpoints where `resume=auto` looks (unless `trainer.enable_checkpointing=false`), and one RunGuard:
+    the monitor check, the non-finite guard, preemption, per-rank seeds, exact resume and the run's
+    identity in each checkpoint (`ident`, taken from the config as composed, before `accel` resolved it)."""
     found: list[Callback] = _group(cfg.get("callbacks"), "callbacks")
     if "seed" not in cfg:  # eval
         return found
@@ -283,10 +284,10 @@ def callbacks(
         found = [cb for cb in found if not isinstance(cb, Checkpoint)]
     elif not any(isinstance(cb, Checkpoint) for cb in found):
         found.append(ModelCheckpoint(dirpath=resume.checkpoint_dir(cfg), save_top_k=0, save_last=True))
-    if not any(isinstance(cb, Preemption) for cb in found):
-        found.append(Preemption())
-    if not any(isinstance(cb, NonFiniteGuard) for cb in found):
-        found.append(NonFiniteGuard())
+    # the guards as configured (callbacks.nonfinite, callbacks.preemption), else as their defaults
+    nonfinite = [cb for cb in found if isinstance(cb, NonFiniteGuard)] or [NonFiniteGuard()]
+    preemption = [cb for cb in found if isinstance(cb, Preemption)] or [Preemption()]
+    found = [cb for cb in found if not isinstance(cb, (NonFiniteGuard, Preemption))]
     if not has_logger and any(isinstance(cb, LearningRateMonitor) for cb in found):
         rank_zero_info("logger=none: LearningRateMonitor has nowhere to write, so it is left out")
         found = [cb for cb in found if not isinstance(cb, LearningRateMonitor)]
@@ -294,9 +295,15 @@ def callbacks(
         rank_zero_info("trainer.limit_val_batches=0: no validation, so EarlyStopping is left out")
         found = [cb for cb in found if not isinstance(cb, EarlyStopping)]
     data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
-    extra = [RankSeed(cfg.seed), ExactResume(), RunIdentity(ident or identity.of(cfg), data, list(from_data))]
-    check = MonitorCheck(cfg.monitor.metric, cfg.monitor.mode, uses(cfg), bool(watching(cfg)))
-    return [check, *found, *extra]  # first: it runs before the callbacks it checks
+    guard = RunGuard(
+        MonitorCheck(cfg.monitor.metric, cfg.monitor.mode, uses(cfg), bool(watching(cfg))),
+        *nonfinite,
+        *preemption,
+        RankSeed(cfg.seed),
+        ExactResume(),
+        RunIdentity(ident or identity.of(cfg), data, list(from_data)),
+    )
+    return [guard, *found]  # first: its monitor check runs before the callbacks that read the monitor
 
 
 def trainer(

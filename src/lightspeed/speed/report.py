@@ -17,6 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.model_summary import summarize
 from rich.console import Console
 from rich.table import Table
 from torch.utils.flop_counter import FlopCounterMode
@@ -40,14 +41,23 @@ class SpeedReport(L.Callback):
     (`make bench`; once `trainer.min_epochs` allows). A one-line diagnosis follows when waiting for data
     exceeds `data_wait_warn` of the time, when torch.compile recompiled during the timed steps, or when
     a GPU run's model is too small to keep the GPU busy.
+
+    At fit start it prints the model's summary (Lightning's table: layers `summary_depth` deep, sizes, and
+    FLOPs where the module has an `example_input_array`; 0: none), the ModelSummary callback's work
+    without a callback of its own.
     """
 
     def __init__(
-        self, warmup_steps: int | str = 5, data_wait_warn: float = 0.2, max_timed_steps: int | None = None
+        self,
+        warmup_steps: int | str = 5,
+        data_wait_warn: float = 0.2,
+        max_timed_steps: int | None = None,
+        summary_depth: int = 0,
     ) -> None:
         self.warmup_steps = warmup_steps
         self.data_wait_warn = data_wait_warn
         self.max_timed_steps = max_timed_steps
+        self.summary_depth = summary_depth
         self._reset()
 
     def _reset(self) -> None:
@@ -95,6 +105,9 @@ class SpeedReport(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
+        if self.summary_depth:
+            summary = summarize(pl_module, max_depth=self.summary_depth)
+            rank_zero_info(f"\n{summary}")
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
 
