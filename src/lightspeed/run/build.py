@@ -279,21 +279,16 @@ def callbacks(
     found: list[Callback] = _group(cfg.get("callbacks"), "callbacks")
     if "seed" not in cfg:  # eval
         return found
-    saves = cfg.trainer.get("enable_checkpointing", True) is not False and not cfg.trainer.get("fast_dev_run")
-    if not saves:
-        found = [cb for cb in found if not isinstance(cb, Checkpoint)]
-    elif not any(isinstance(cb, Checkpoint) for cb in found):
-        found.append(ModelCheckpoint(dirpath=resume.checkpoint_dir(cfg), save_top_k=0, save_last=True))
+    found = _with_checkpoints(found, cfg)
+    if not has_logger:
+        found = _without(
+            found, LearningRateMonitor, "logger=none: LearningRateMonitor has nowhere to write, so it"
+        )
+    if cfg.trainer.get("limit_val_batches") == 0:
+        found = _without(found, EarlyStopping, "trainer.limit_val_batches=0: no validation, so EarlyStopping")
     # the guards as configured (callbacks.nonfinite, callbacks.preemption), else as their defaults
     nonfinite = [cb for cb in found if isinstance(cb, NonFiniteGuard)] or [NonFiniteGuard()]
     preemption = [cb for cb in found if isinstance(cb, Preemption)] or [Preemption()]
-    found = [cb for cb in found if not isinstance(cb, (NonFiniteGuard, Preemption))]
-    if not has_logger and any(isinstance(cb, LearningRateMonitor) for cb in found):
-        rank_zero_info("logger=none: LearningRateMonitor has nowhere to write, so it is left out")
-        found = [cb for cb in found if not isinstance(cb, LearningRateMonitor)]
-    if cfg.trainer.get("limit_val_batches") == 0 and any(isinstance(cb, EarlyStopping) for cb in found):
-        rank_zero_info("trainer.limit_val_batches=0: no validation, so EarlyStopping is left out")
-        found = [cb for cb in found if not isinstance(cb, EarlyStopping)]
     data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
     guard = RunGuard(
         MonitorCheck(cfg.monitor.metric, cfg.monitor.mode, uses(cfg), bool(watching(cfg))),
@@ -303,7 +298,25 @@ def callbacks(
         ExactResume(),
         RunIdentity(ident or identity.of(cfg), data, list(from_data)),
     )
-    return [guard, *found]  # first: its monitor check runs before the callbacks that read the monitor
+    # first: its monitor check runs before the callbacks that read the monitor
+    return [guard, *_without(found, (NonFiniteGuard, Preemption))]
+
+
+def _with_checkpoints(found: list[Callback], cfg: DictConfig) -> list[Callback]:
+    """A checkpoint where `resume=auto` looks, unless the run saves none (a debug run)."""
+    if cfg.trainer.get("enable_checkpointing", True) is False or cfg.trainer.get("fast_dev_run"):
+        return _without(found, Checkpoint)
+    if any(isinstance(cb, Checkpoint) for cb in found):
+        return found
+    return [*found, ModelCheckpoint(dirpath=resume.checkpoint_dir(cfg), save_top_k=0, save_last=True)]
+
+
+def _without(found: list[Callback], kind: type | tuple[type, ...], why: str = "") -> list[Callback]:
+    """`found` less the callbacks of `kind`; `why` (what goes, and why) is said when there were some."""
+    kept = [cb for cb in found if not isinstance(cb, kind)]
+    if why and len(kept) < len(found):
+        rank_zero_info(f"{why} is left out")
+    return kept
 
 
 def trainer(
