@@ -3,6 +3,7 @@ tests put this folder on PYTHONPATH and add them with `+callbacks.<name>._target
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -42,10 +43,19 @@ class AutocastProbe(L.Callback):
 
 class RankProbe(L.Callback):
     """Writes `<out>/rank<R>.json`: the rank's torch seed after fit starts and the sample indices its
-    sampler gave it in the first epoch."""
+    sampler gave it in the first epoch; and, as the process exits (atexit, before the interpreter is
+    torn down), `<out>/rank<R>.exit.json`: whether its process group was still alive then."""
 
     def __init__(self, out: str) -> None:
         self.out = Path(out)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            atexit.register(self._at_exit, self.out / f"rank{trainer.global_rank}.exit.json")
+
+    @staticmethod
+    def _at_exit(path: Path) -> None:
+        path.write_text(json.dumps({"process_group_alive": torch.distributed.is_initialized()}))
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.current_epoch != 0:

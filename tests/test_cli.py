@@ -94,6 +94,9 @@ def test_ddp_cpu_trains_two_ranks_into_one_run_dir(tmp_path: Path) -> None:
     assert (run / "csv" / "version_0" / "metrics.csv").is_file() and (run / "summary.json").is_file()
     assert (run / "train_ddp_process_1.log").is_file()  # rank 1 ran in the same directory
     assert proc.stdout.count("Lightspeed: training finished") == 1  # one summary, from rank 0
+    # each rank released its process group before the interpreter's exit (gloo's threads can abort it)
+    ends = [json.loads((tmp_path / "probe" / f"rank{r}.exit.json").read_text()) for r in (0, 1)]
+    assert ends == [{"process_group_alive": False}] * 2
 
 
 def _rank_draws(rank: int, queue: object) -> None:

@@ -22,6 +22,8 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 
 TRAINING_FAILURE_EXIT = 3
+#: The ends every rank reaches at the same step: the run's own, and a preemption (agreed by a collective).
+ENDED_TOGETHER = (None, 0, 128 + signal.SIGTERM, 128 + signal.SIGUSR1)
 
 
 class TrainingFailure(RuntimeError):
@@ -151,6 +153,28 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
         rank = f"rank {trainer.global_rank}: " if trainer.world_size > 1 else ""
         print(f"error: {rank}{out_of_memory_advice(err, cfg)}", file=sys.stderr)
         raise SystemExit(TRAINING_FAILURE_EXIT) from None
+
+
+@contextmanager
+def process_group_released() -> Iterator[None]:
+    """Around a command: when it ends as every rank does, destroy the default process group while Python
+    is still whole. Left to the interpreter's exit, gloo's worker threads can abort the process
+    (`terminate called without an active exception`, pytorch/pytorch#190489), which turned a finished
+    two-task SLURM job FAILED. After a failure of one rank it is left alone: destroying it while another
+    rank may still be in a collective can hang (torchtitan#1342)."""
+    try:
+        yield
+    except SystemExit as stop:
+        if stop.code in ENDED_TOGETHER:
+            _destroy_process_group()
+        raise
+    else:
+        _destroy_process_group()
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 @rank_zero_only

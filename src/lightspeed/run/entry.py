@@ -33,6 +33,7 @@ from lightspeed.core.config import (
     is_group,
     unknown_key,
 )
+from lightspeed.core.failures import process_group_released
 from lightspeed.core.logs import route_to_run_log
 from lightspeed.resilience.identity import register_resolver
 
@@ -45,7 +46,8 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
     def _run(cfg: DictConfig) -> Any:
         route_to_run_log()
-        return task(cfg)  # Hydra sweepers read the return value
+        with process_group_released():
+            return task(cfg)  # Hydra sweepers read the return value
 
     def main() -> None:
         with exit_on_config_error():
@@ -79,24 +81,7 @@ def check_composes(config_name: str, args: list[str]) -> None:
     and turn what Hydra would print as a dozen lines (a mistyped key, an override it cannot parse) into one
     ConfigError line; check the names that become folders as resolved, before Hydra makes any. A sweep's
     (`-m`) swept overrides are left out (each job checks its own values)."""
-    flags, overrides, extra_dirs = set(), [], []
-    rest = iter(args)
-    for arg in rest:
-        flag, eq, value = arg.partition("=")
-        if not arg.startswith("-"):
-            overrides.append(arg)
-            continue
-        flags.add(flag)
-        if flag in _WITH_VALUE and not eq:
-            value = next(rest, "")
-        if flag in ("--config-dir", "-cd"):
-            extra_dirs.append(str(Path(value).resolve()))
-        elif flag in ("--config-name", "-cn"):
-            config_name = value
-        elif flag in ("--config-path", "-cp"):
-            raise ConfigError(f"{flag} is not supported here: use --config-dir <folder> to add configs")
-        elif flag == "--experimental-rerun":  # it unpickles a file: data must not choose code
-            raise ConfigError("--experimental-rerun is not supported: it unpickles a file; rerun the command")
+    config_name, flags, overrides, extra_dirs = _parse(config_name, args)
     if flags & _NO_RUN:
         return
     _check_launcher_installed(overrides)
@@ -123,6 +108,29 @@ def check_composes(config_name: str, args: list[str]) -> None:
     check_known_keys(cfg, config_name)
     if schema is not None:
         check_types(OmegaConf.to_container(cfg, resolve=False), OmegaConf.to_container(schema, resolve=False))
+
+
+def _parse(config_name: str, args: list[str]) -> tuple[str, set[str], list[str], list[str]]:
+    """Hydra's command line as (config name, flags, overrides, `--config-dir` folders)."""
+    flags, overrides, extra_dirs = set(), [], []
+    rest = iter(args)
+    for arg in rest:
+        flag, eq, value = arg.partition("=")
+        if not arg.startswith("-"):
+            overrides.append(arg)
+            continue
+        flags.add(flag)
+        if flag in _WITH_VALUE and not eq:
+            value = next(rest, "")
+        if flag in ("--config-dir", "-cd"):
+            extra_dirs.append(str(Path(value).resolve()))
+        elif flag in ("--config-name", "-cn"):
+            config_name = value
+        elif flag in ("--config-path", "-cp"):
+            raise ConfigError(f"{flag} is not supported here: use --config-dir <folder> to add configs")
+        elif flag == "--experimental-rerun":  # it unpickles a file: data must not choose code
+            raise ConfigError("--experimental-rerun is not supported: it unpickles a file; rerun the command")
+    return config_name, flags, overrides, extra_dirs
 
 
 def _searchpath(config_name: str, extra_dirs: list[str]) -> str:
