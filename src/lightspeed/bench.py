@@ -25,6 +25,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import TensorDataset
@@ -273,7 +274,7 @@ def write_chart(rows: list[dict], title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="lightspeed-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200, help="timed training steps per run")
     parser.add_argument(
@@ -283,36 +284,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="all", help=f"comma-separated, from: {', '.join(CONFIGS)}")
     parser.add_argument("--out", type=Path, help="default: logs/bench/<timestamp>")
     parser.add_argument("--hand-run", type=Path, help=argparse.SUPPRESS)  # one hand row, in its process
-    args, user = parser.parse_known_args(argv)
+    return parser.parse_known_args(argv)
+
+
+def _refused(args: argparse.Namespace, names: list[str]) -> str | None:
+    """What is wrong with the arguments, in one line, or None."""
     if args.warmup != "auto" and not args.warmup.isdigit():
-        print(f"error: --warmup {args.warmup}: use auto or a number of steps", file=sys.stderr)
-        return 2
-    if args.hand_run is not None:
-        return hand_run(args.hand_run, args.steps, args.warmup, user)
-    names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+        return f"--warmup {args.warmup}: use auto or a number of steps"
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
-        print(
-            f"error: --configs {','.join(unknown)}: unknown; use any of {', '.join(CONFIGS)}", file=sys.stderr
-        )
-        return 2
+        return f"--configs {','.join(unknown)}: unknown; use any of {', '.join(CONFIGS)}"
     if args.steps < 1 or args.repeats < 1:
-        print("error: --steps and --repeats must be at least 1", file=sys.stderr)
-        return 2
-    out = args.out or Path("logs") / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    out.mkdir(parents=True, exist_ok=True)
-    cuda = torch.cuda.is_available()
-    skipped = [n for n in names if CONFIGS[n][1] and not cuda]
+        return "--steps and --repeats must be at least 1"
+    return None
+
+
+def _rounds(
+    args: argparse.Namespace, names: list[str], user: list[str], out: Path
+) -> tuple[list[dict[str, Any]], str]:
+    """`args.repeats` rounds of every configuration this machine can run; the table is rewritten after
+    every round, so that a bench stopped early still leaves one. Returns its rows and header."""
+    skipped = [n for n in names if CONFIGS[n][1] and not torch.cuda.is_available()]
     todo = [n for n in names if n not in skipped]
     runs: dict[str, list[dict]] = {n: [] for n in todo}
     warm = "auto (until the step time settles)" if args.warmup == "auto" else args.warmup
+    rows: list[dict[str, Any]] = []
+    header = ""
     for repeat in range(args.repeats):
         for name in todo:
             print(f"bench: {name} ({repeat + 1}/{args.repeats}) ...", flush=True)
             runs[name].append(
                 run_config(name, user, args.steps, args.warmup, out / "runs" / f"{name}-{repeat}")
             )
-        # after every round, so that a bench stopped early still leaves its table
         rows = [summarise(runs[name]) for name in todo]
         device = next((r["device"] for r in rows if "device" in r), "unknown device")
         header = (
@@ -321,6 +324,21 @@ def main(argv: list[str] | None = None) -> int:
             f"overrides: {' '.join(user) or '(none)'}"
         )
         write_markdown(rows, skipped, header, out / "bench.md")
+    return rows, header
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, user = _arguments(argv)
+    names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+    refused = _refused(args, names if args.hand_run is None else [])
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
+    if args.hand_run is not None:
+        return hand_run(args.hand_run, args.steps, args.warmup, user)
+    out = args.out or Path("logs") / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out.mkdir(parents=True, exist_ok=True)
+    rows, header = _rounds(args, names, user, out)
     try:
         write_chart(rows, header, out / "bench.png")
     except ImportError:

@@ -139,28 +139,9 @@ def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
             "composed; pass the data it was trained on (data=...)"
         )
         return True
-    what = [k for k in given if k == "data" or k.split(".")[1] not in PLACE_KEYS]
-    diffs = identity.differences(identity.identity({"data": run_data}), identity.of(cfg))
-    diffs = [d for d in diffs if d.startswith("data.")]
-    if what:
-        if diffs:
-            rank_zero_info(f"data: as given, not the run's ({identity.describe(diffs)})")
+    if _say_which(cfg, run_data, given, ckpt):
         return True
-    if diffs and run_data.get("_target_") == cfg.data.get("_target_"):
-        rank_zero_info(
-            f"data: the run's own, as saved in {ckpt.name} (conf/data differs: {identity.describe(diffs)}); "
-            "pass data=... to evaluate on other data"
-        )
-    check_data_targets({"data": run_data}, f"{ckpt.name}'s data config")  # a checkpoint is data
-    _check_plain(run_data, f"{ckpt.name}'s data config")
-    # Where data is kept and fetched from is this machine's, never the checkpoint's: a checkpoint chooses
-    # neither the folder eval writes into (only one under this machine's paths.*) nor a server.
-    folder = run_data.get("data_dir")
-    if folder is not None and not str(folder).startswith("${paths.") and "data.data_dir" not in given:
-        raise ConfigError(
-            f"{ckpt.name}'s data config keeps its data at a fixed path ({folder}): a checkpoint does not "
-            "choose where eval writes; pass ++data.data_dir=<where the data is> on the command line"
-        )
+    _check_stored(run_data, ckpt, given)
     run_data = {k: v for k, v in run_data.items() if k != "mirrors"}
     keep = {k: cfg.data[k] for k in LOADER_KNOBS if k in cfg.data}  # this machine's, from the accel preset
     keep |= {
@@ -170,6 +151,35 @@ def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
         cfg.data = OmegaConf.merge(OmegaConf.create(run_data), keep)
     validate_common(cfg)
     return False
+
+
+def _say_which(cfg: DictConfig, run_data: dict[str, Any], given: list[str], ckpt: Path) -> bool:
+    """Whether the command line gives the data (not only where it is); either way, a line naming how the
+    data evaluated on differs from the run's."""
+    what = [k for k in given if k == "data" or k.split(".")[1] not in PLACE_KEYS]
+    diffs = identity.differences(identity.identity({"data": run_data}), identity.of(cfg))
+    diffs = [d for d in diffs if d.startswith("data.")]
+    if what and diffs:
+        rank_zero_info(f"data: as given, not the run's ({identity.describe(diffs)})")
+    elif diffs and run_data.get("_target_") == cfg.data.get("_target_"):
+        rank_zero_info(
+            f"data: the run's own, as saved in {ckpt.name} (conf/data differs: {identity.describe(diffs)}); "
+            "pass data=... to evaluate on other data"
+        )
+    return bool(what)
+
+
+def _check_stored(run_data: dict[str, Any], ckpt: Path, given: list[str]) -> None:
+    """A checkpoint's data config is data: it names only classes conf/ names, holds plain values, and
+    chooses neither the folder eval writes into (only one under this machine's paths.*) nor a server."""
+    check_data_targets({"data": run_data}, f"{ckpt.name}'s data config")
+    _check_plain(run_data, f"{ckpt.name}'s data config")
+    folder = run_data.get("data_dir")
+    if folder is not None and not str(folder).startswith("${paths.") and "data.data_dir" not in given:
+        raise ConfigError(
+            f"{ckpt.name}'s data config keeps its data at a fixed path ({folder}): a checkpoint does not "
+            "choose where eval writes; pass ++data.data_dir=<where the data is> on the command line"
+        )
 
 
 #: The one interpolation a stored data config may hold: a path of this machine's (`${paths.data_dir}`).

@@ -182,29 +182,16 @@ class Run:
 
     def finish(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> TrainResult:
         """The fit's figures and summary; with `test_after_fit`, the best checkpoint tested too."""
-        cfg, ckpt, start_info = self.cfg, trainer.checkpoint_callback, self._start_info
+        cfg, ckpt = self.cfg, trainer.checkpoint_callback
         # Only a monitored checkpoint is a "best" one (Lightning's default checkpoint just keeps the last).
         best = ckpt.best_model_path if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
-        metrics: dict[str, float] = {
-            k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
-        }
-        if start_info is not None:
-            # What the run last measured before the checkpoint, where this attempt has not measured it again
-            # (a resumed stretch after the last logging step logs no loss): as an uninterrupted run reports.
-            metrics = {**start_info["metrics"], **metrics}
-            if trainer.global_step == start_info["global_step"]:
-                rank_zero_info(
-                    f"nothing left to train: {self._ckpt_path} had already finished; testing its best "
-                    "checkpoint again (run_name=<new name> trains a new run)"
-                )
-        # The last validation's metrics are the run's (and last.ckpt's); the best checkpoint's, beside them.
-        metrics |= {f"{k}@best": v for k, v in getattr(ckpt, "best_metrics", {}).items() if best}
+        metrics = self._fit_metrics(trainer, best)
         run_dir = Path(cfg.paths.output_dir)
         facts = {
             "run_dir": run_dir,
             "monitor": f"{cfg.monitor.metric} ({cfg.monitor.mode})" if "monitor" in cfg else None,
             "best_checkpoint": best,
-            "last_checkpoint": ckpt.last_model_path if ckpt is not None and ckpt.last_model_path else None,
+            "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,
             "global_step": trainer.global_step,
             "epochs": trainer.current_epoch,
             "fit_seconds": round(self._fit_s, 2),
@@ -223,12 +210,29 @@ class Run:
                 )
             metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
             facts["tested"] = "best checkpoint" if best else "weights in memory"
-
         curves = next((lg for lg in trainer.loggers if isinstance(lg, CurvesLogger)), None)
         facts["curves"] = curves.picture() if curves is not None else None
         score = _optimized_score(cfg, trainer, metrics)
         summary.report("Lightspeed: training finished", run_dir, facts, metrics)
         return TrainResult(trainer, model, score, metrics, best)
+
+    def _fit_metrics(self, trainer: L.Trainer, best: str | None) -> dict[str, float]:
+        """The last validation's metrics (the run's, and last.ckpt's), the best checkpoint's beside them."""
+        metrics = {
+            k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
+        }
+        start_info = self._start_info
+        if start_info is not None:
+            # What the run last measured before the checkpoint, where this attempt has not measured it again
+            # (a resumed stretch after the last logging step logs no loss): as an uninterrupted run reports.
+            metrics = {**start_info["metrics"], **metrics}
+            if trainer.global_step == start_info["global_step"]:
+                rank_zero_info(
+                    f"nothing left to train: {self._ckpt_path} had already finished; testing its best "
+                    "checkpoint again (run_name=<new name> trains a new run)"
+                )
+        best_metrics = getattr(trainer.checkpoint_callback, "best_metrics", {}) if best else {}
+        return metrics | {f"{k}@best": v for k, v in best_metrics.items()}
 
 
 def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainResult:

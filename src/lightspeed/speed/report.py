@@ -228,54 +228,14 @@ class SpeedReport(L.Callback):
         return report
 
     def _diagnose(self, r: dict[str, Any], device_type: str) -> list[str]:
-        notes = []
-        if r["data_wait_share"] is not None and r["data_wait_share"] > self.data_wait_warn:
-            remedies = (
-                "more loader workers (data.num_workers=auto, accel=default), pinned memory "
-                "(data.pin_memory=true) or keeping the data set on the device (data.on_device=auto)"
-                if device_type == "cuda"
-                else "more loader workers (data.num_workers=auto), or slicing an in-memory data set "
-                "without a DataLoader (data.on_device=true; pinned memory only helps copies to a GPU)"
-            )
-            notes.append(f"data loading takes {r['data_wait_share']:.0%} of training time: try {remedies}")
-        median, p95 = r["step_ms_median"], r["step_ms_p95"]
-        threads, cpus = r["threads_per_process"], r["usable_cpus"]
-        if device_type == "cpu" and median and p95 and p95 > 3 * median and threads * r["devices"] > 1:
-            notes.append(
-                f"step times vary a lot on this CPU ({p95:.1f} ms p95 against {median:.1f} ms median): "
-                f"{r['devices']} process(es) x {threads} threads on {cpus} usable CPUs may be more than the "
-                f"machine has free; try OMP_NUM_THREADS={max(1, cpus // r['devices'] // 2)} or stop other "
-                "work"
-            )
-        fit, val, end = (
-            r.get("fit_seconds_after_warmup"),
-            r.get("validation_seconds"),
-            r.get("epoch_end_seconds"),
+        notes = (
+            _data_note(r, device_type, self.data_wait_warn),
+            _jitter_note(r, device_type),
+            _outside_note(r),
+            _recompile_note(r),
+            _small_model_note(r, device_type),
         )
-        if fit and val is not None and end is not None and (val + end) / fit > OUTSIDE_STEPS_WARN:
-            count = r.get("validations") or 0
-            each = f", {(val + end) / count * 1e3:.0f} ms at each of {count} validations" if count else ""
-            notes.append(
-                f"validation ({val / fit:.0%}) and checkpoint saves with the rest of the epoch end "
-                f"({end / fit:.0%}) take {(val + end) / fit:.0%} of the fit after warm-up{each}, for epochs "
-                f"of {r.get('batches_per_epoch')} batches: validate and save less often "
-                "(trainer.check_val_every_n_epoch=N) to train more in the same time"
-            )
-        if r["recompiles"]:
-            notes.append(
-                f"torch.compile compiled {r['recompiles']} time(s) during the timed steps, seconds each: "
-                "a changing input shape or mode (see TORCH_LOGS=recompiles); keep data.drop_last=true, "
-                "or raise callbacks.speed_report.warmup_steps if it is the first compile"
-            )
-        if device_type == "cuda" and r["step_ms_mean"] is not None:
-            small = r["step_ms_mean"] < 5 or (r["mfu"] is not None and r["mfu"] < 0.02)
-            if small:
-                mfu = f", {r['mfu']:.1%} of its peak" if r["mfu"] is not None else ""
-                notes.append(
-                    f"the model is too small to keep the GPU busy ({r['step_ms_mean']:.1f} ms a step{mfu}): "
-                    "use larger batches, accel=max (torch.compile), or compare with trainer=cpu"
-                )
-        return notes
+        return [note for note in notes if note]
 
     @rank_zero_only
     def _publish(self, trainer: L.Trainer) -> None:
@@ -381,3 +341,67 @@ def _table(r: dict[str, Any]) -> Table:
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+# --- the diagnosis: each note says what it found and what to try, or is None --------------------------
+
+
+def _data_note(r: dict[str, Any], device_type: str, warn: float) -> str | None:
+    if r["data_wait_share"] is None or r["data_wait_share"] <= warn:
+        return None
+    remedies = (
+        "more loader workers (data.num_workers=auto, accel=default), pinned memory "
+        "(data.pin_memory=true) or keeping the data set on the device (data.on_device=auto)"
+        if device_type == "cuda"
+        else "more loader workers (data.num_workers=auto), or slicing an in-memory data set "
+        "without a DataLoader (data.on_device=true; pinned memory only helps copies to a GPU)"
+    )
+    return f"data loading takes {r['data_wait_share']:.0%} of training time: try {remedies}"
+
+
+def _jitter_note(r: dict[str, Any], device_type: str) -> str | None:
+    median, p95 = r["step_ms_median"], r["step_ms_p95"]
+    threads, cpus = r["threads_per_process"], r["usable_cpus"]
+    if device_type != "cpu" or not (median and p95) or p95 <= 3 * median or threads * r["devices"] <= 1:
+        return None
+    return (
+        f"step times vary a lot on this CPU ({p95:.1f} ms p95 against {median:.1f} ms median): "
+        f"{r['devices']} process(es) x {threads} threads on {cpus} usable CPUs may be more than the "
+        f"machine has free; try OMP_NUM_THREADS={max(1, cpus // r['devices'] // 2)} or stop other work"
+    )
+
+
+def _outside_note(r: dict[str, Any]) -> str | None:
+    fit, val, end = r.get("fit_seconds_after_warmup"), r.get("validation_seconds"), r.get("epoch_end_seconds")
+    if not fit or val is None or end is None or (val + end) / fit <= OUTSIDE_STEPS_WARN:
+        return None
+    count = r.get("validations") or 0
+    each = f", {(val + end) / count * 1e3:.0f} ms at each of {count} validations" if count else ""
+    return (
+        f"validation ({val / fit:.0%}) and checkpoint saves with the rest of the epoch end "
+        f"({end / fit:.0%}) take {(val + end) / fit:.0%} of the fit after warm-up{each}, for epochs "
+        f"of {r.get('batches_per_epoch')} batches: validate and save less often "
+        "(trainer.check_val_every_n_epoch=N) to train more in the same time"
+    )
+
+
+def _recompile_note(r: dict[str, Any]) -> str | None:
+    if not r["recompiles"]:
+        return None
+    return (
+        f"torch.compile compiled {r['recompiles']} time(s) during the timed steps, seconds each: "
+        "a changing input shape or mode (see TORCH_LOGS=recompiles); keep data.drop_last=true, "
+        "or raise callbacks.speed_report.warmup_steps if it is the first compile"
+    )
+
+
+def _small_model_note(r: dict[str, Any], device_type: str) -> str | None:
+    if device_type != "cuda" or r["step_ms_mean"] is None:
+        return None
+    if not (r["step_ms_mean"] < 5 or (r["mfu"] is not None and r["mfu"] < 0.02)):
+        return None
+    mfu = f", {r['mfu']:.1%} of its peak" if r["mfu"] is not None else ""
+    return (
+        f"the model is too small to keep the GPU busy ({r['step_ms_mean']:.1f} ms a step{mfu}): "
+        "use larger batches, accel=max (torch.compile), or compare with trainer=cpu"
+    )
