@@ -461,14 +461,14 @@ class CompileProbe(L.Callback):
 
 class PlainDigits(L.LightningDataModule):
     """A user's own DataModule, as the Lightning docs write one: plain DataLoaders over its own splits,
-    no Lightspeed base class. `num_classes` and `input_shape` are what the model is built from."""
-
-    num_classes = 10
-    input_shape = (1, 8, 8)
+    no Lightspeed base class; `model_args()` says what the model is built from."""
 
     def __init__(self, batch_size: int = 64) -> None:
         super().__init__()
         self.batch_size = batch_size
+
+    def model_args(self) -> dict[str, Any]:
+        return {"num_classes": 10, "input_shape": [1, 8, 8]}
 
     def setup(self, stage: str | None = None) -> None:
         from sklearn.datasets import load_digits
@@ -493,7 +493,7 @@ class PlainDigits(L.LightningDataModule):
 
 
 class ShapelessDigits(L.LightningDataModule):
-    """A user's DataModule that does not say what the model needs (no num_classes, no input_shape)."""
+    """A user's DataModule that does not say what the model needs (no `model_args()`)."""
 
     def __init__(self, batch_size: int = 64) -> None:
         super().__init__()
@@ -590,6 +590,9 @@ class DiabetesAsClasses(DiabetesDataModule):
     """A data set that declares classes, but whose targets are continuous."""
 
     num_classes = 10
+
+    def model_args(self) -> dict[str, Any]:
+        return {"input_shape": list(self.input_shape), "num_classes": self.num_classes}
 
 
 class LabelsFromOne(DigitsDataModule):

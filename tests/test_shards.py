@@ -68,11 +68,27 @@ def test_a_regression_data_set_streams_from_shards_to_the_regressor(tmp_path: Pa
     out = convert(cfg)
     meta = json.loads((out / META).read_text())
     assert meta["declares"] == {"input_shape": [10], "num_targets": 1}
+    stats = {"target_mean": meta["target_stats"][0], "target_std": meta["target_stats"][1]}
+    assert meta["model_args"] == {"input_shape": [10], "num_targets": 1, **stats}
     run = [*TINY, "data=shards", f"data.path={out}", "data.batch_size=16", "model=regressor"]
     result = train(train_cfg(*run, "trainer.max_epochs=3"))
     assert result.model.hparams["target_mean"] == pytest.approx(meta["target_stats"][0])
     assert result.model.hparams["target_mean"][0] == pytest.approx(152, abs=10)  # the targets' own units
     assert 0 < result.metrics["test/mae"] < 100
+    # shards written before they kept model_args: the same, from what the data set declared
+    (out / META).write_text(json.dumps({k: v for k, v in meta.items() if k != "model_args"}))
+    assert ShardsDataModule(path=str(out)).model_args() == meta["model_args"]
+
+
+def test_sort_shards_build_the_next_token_model_with_or_without_model_args_in_meta(tmp_path: Path) -> None:
+    cfg = compose_config(
+        "shards", ["data=sort", "data.num_samples=600", f"shards.out={tmp_path / 's'}"], tmp_path / "logs"
+    )
+    out = convert(cfg)
+    meta = json.loads((out / META).read_text())
+    assert meta["model_args"] == {"vocab_size": 4, "block_size": 15}
+    (out / META).write_text(json.dumps({k: v for k, v in meta.items() if k != "model_args"}))
+    assert ShardsDataModule(path=str(out)).model_args() == {"vocab_size": 4, "block_size": 15}
 
 
 def test_shards_written_before_they_kept_what_the_data_declares_still_load(tmp_path: Path) -> None:
@@ -83,6 +99,7 @@ def test_shards_written_before_they_kept_what_the_data_declares_still_load(tmp_p
     (out / META).write_text(json.dumps(old))
     dm = ShardsDataModule(path=str(out))
     assert (dm.input_shape, dm.num_classes) == ((3, 8, 8), 10)
+    assert dm.model_args() == {"input_shape": [3, 8, 8], "num_classes": 10}
     dm.setup()
     assert len(list(dm.val_dataloader())) > 0  # no checksums to check: read as before
 

@@ -32,10 +32,9 @@ def test_a_classifier_on_regression_data_is_one_line_naming_the_models_that_fit(
         train(train_cfg("data=diabetes", "model=mlp"))
     assert stop.value.code == 2
     assert one_line(capsys) == (
-        "error: model=mlp (Classifier) is built from the data's num_classes, which data=diabetes "
-        "(DiabetesDataModule) does not give: choose a model for this data (model=linear, model=regressor), "
-        "or "
-        "give your DataModule that attribute"
+        "error: model=mlp (Classifier) takes no num_targets, which data=diabetes (DiabetesDataModule) gives "
+        "(its model_args(): input_shape, num_targets, target_mean, target_std): choose a model for this data "
+        "(model=linear, model=regressor)"
     )
 
 
@@ -160,8 +159,8 @@ def test_a_checkpoint_that_does_not_fit_the_data_says_what_differs(regression, e
         evaluate(eval_cfg(f"ckpt_path={best}", "data=digits"))
     assert stop.value.code == 2
     assert one_line(capsys) == (
-        "error: data: DigitsDataModule gives no num_targets, which the checkpoint's model (Regressor) was "
-        "built from: pass the data it was trained on (data=...)"
+        "error: data: DigitsDataModule gives no num_targets, target_mean, target_std (its model_args()), "
+        "which the checkpoint's model (Regressor) was built from: pass the data it was trained on (data=...)"
     )
     with pytest.raises(SystemExit):
         evaluate(eval_cfg(f"ckpt_path={best}", "~data", "+data._target_=probes.TwelveFeatures"))

@@ -32,15 +32,15 @@ def test_a_plain_lightning_datamodule_trains_and_the_loader_knobs_it_does_not_ta
     ]
 
 
-def test_a_datamodule_without_num_classes_is_one_line(train_cfg, capsys) -> None:
+def test_a_datamodule_without_model_args_is_one_line(train_cfg, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         train(train_cfg(*TINY, "~data", "+data._target_=probes.ShapelessDigits"))
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "error: model=cnn (Classifier) is built from the data's num_classes and input_shape, which data "
-        "ShapelessDigits does not give: choose a model for this data, or give your DataModule these "
-        "attributes"
+        "error: model=cnn (Classifier) is built from num_classes and input_shape, which data ShapelessDigits "
+        "does not give (it has no model_args()): choose a model for this data (model=...), or have your "
+        "DataModule's model_args() return them"
     ]
 
 

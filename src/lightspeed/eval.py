@@ -240,16 +240,18 @@ def _check_fits(model: L.LightningModule, from_data: list[str] | None, dm: L.Lig
     the model keeps its own."""
     names = from_data if from_data is not None else ["num_classes", "input_shape"]
     names = [k for k in names if k in model.hparams]
-    missing = [k for k in names if not hasattr(dm, k)]
+    given = build.model_args(dm)
+    missing = [k for k in names if k not in given]
     if missing:
         raise ConfigError(
-            f"data: {type(dm).__name__} gives no {', '.join(missing)}, which the checkpoint's model "
-            f"({type(model).__name__}) was built from: pass the data it was trained on (data=...)"
+            f"data: {type(dm).__name__} gives no {', '.join(missing)} (its model_args()), which the "
+            f"checkpoint's model ({type(model).__name__}) was built from: pass the data it was trained on "
+            "(data=...)"
         )
     differs = [
-        (k, model.hparams[k], plain(getattr(dm, k)))
+        (k, model.hparams[k], plain(given[k]))
         for k in names
-        if _structural(model.hparams[k]) and plain(getattr(dm, k)) != model.hparams[k]
+        if _structural(model.hparams[k]) and plain(given[k]) != model.hparams[k]
     ]
     if differs:
         said = "; ".join(f"{k} {trained} in training, {here} here" for k, trained, here in differs)

@@ -69,9 +69,10 @@ def defaults_first(group: str) -> list[str]:
 
 
 def fits(data: str, model: str, log_dir: Path, prepare: Prepare | None = None) -> bool:
-    """Whether the model option fits the data option: built from what the data gives (a classifier from
-    num_classes, a regressor from num_targets) and taking its inputs (a forward pass on the meta device),
-    as `make train` checks before training. `prepare(cfg, folder)` readies the data (a folder, fakes)."""
+    """Whether the model option fits the data option: built from what the data gives (its `model_args()`:
+    a classifier from num_classes, a regressor from num_targets) and taking its inputs (a forward pass on
+    the meta device), as `make train` builds it before training. `prepare(cfg, folder)` readies the data
+    (a folder, fakes)."""
     from lightspeed.core.config import ConfigError
     from lightspeed.run import build
     from lightspeed.run.entry import compose_config
@@ -85,7 +86,7 @@ def fits(data: str, model: str, log_dir: Path, prepare: Prepare | None = None) -
         except pytest.skip.Exception:  # a data set that needs an extra not installed here: no partner
             return False
     try:
-        build.check_inputs_fit(cfg, build.from_data(cfg, build.datamodule(cfg)))
+        build.model(cfg, build.datamodule(cfg))
     except ConfigError:
         return False
     return True

@@ -124,10 +124,10 @@ class ArrayDataModule(L.LightningDataModule):
     `on_device="auto"` is decided here, where the data set's size is known (`on_device_choice`).
     """
 
-    #: What the model is built from, where its constructor takes arguments of these names: the shape of
-    #: one input, and the number of classes (a classifier's) or of targets (a regressor's). Subclasses
-    #: set those of their task (or compute them from their own arguments), so that the model can be built
-    #: before any data is loaded. A data set that declares `num_classes` has its labels checked.
+    #: What the model is built from (`model_args`): the shape of one input, and the number of classes (a
+    #: classifier's) or of targets (a regressor's). Subclasses set those of their task (or compute them
+    #: from their own arguments), so that the model can be built before any data is loaded. A data set
+    #: that declares `num_classes` has its labels checked.
     input_shape: tuple[int, ...]
     num_classes: int
     num_targets: int
@@ -248,16 +248,19 @@ class ArrayDataModule(L.LightningDataModule):
                     f"num_classes={classes}: set num_classes to the number of classes, or fix the labels"
                 )
 
-    @property
-    def target_mean(self) -> list[float]:
-        """Per target, the train split's mean: what a regressor standardises its targets by (passed to it
-        where its constructor takes `target_mean`). Loads the data, if that has not happened yet."""
-        return self._target_stats()[0]
-
-    @property
-    def target_std(self) -> list[float]:
-        """Per target, the train split's standard deviation (see `target_mean`)."""
-        return self._target_stats()[1]
+    def model_args(self) -> dict[str, Any]:
+        """What a model for this data is built from: the engine passes each to the model's constructor
+        where conf/model leaves it unset. The shape of one input, and the number of classes (class
+        labels) or of targets, with the train split's target statistics (a regressor standardises its
+        targets by them; this loads the data). A data set whose models need other things says so by
+        overriding it (`sort.py`: `vocab_size`, `block_size`)."""
+        args: dict[str, Any] = {"input_shape": list(self.input_shape)}
+        if hasattr(self, "num_classes"):
+            args["num_classes"] = self.num_classes
+        if hasattr(self, "num_targets"):
+            mean, std = self._target_stats()
+            args |= {"num_targets": self.num_targets, "target_mean": mean, "target_std": std}
+        return args
 
     def _target_stats(self) -> tuple[list[float], list[float]]:
         self.prepare_data()  # asked before training (the model is built from them): the files first

@@ -83,7 +83,8 @@ def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB"
             counts[split] = index
         targets = dm.splits["train"].tensors[1] if isinstance(dm.splits["train"], TensorDataset) else None
         meta = {
-            "declares": declared(dm),  # what a model is built from: input_shape, num_classes, vocab_size...
+            "declares": declared(dm),  # its attributes: input_shape, num_classes, class_names, ...
+            "model_args": dm.model_args(),  # what a model is built from, as the source data set says
             "target_stats": list(dm._target_stats())
             if targets is not None and targets.is_floating_point()
             else None,
@@ -216,6 +217,7 @@ class ShardsDataModule(ArrayDataModule):
             if not hasattr(self, name):  # never one of this class's own
                 setattr(self, name, tuple(value) if name == "input_shape" else value)
         self._stats = meta.get("target_stats")
+        self._model_args: dict[str, Any] | None = meta.get("model_args")
         self.input_scale = tuple(meta["input_scale"]) if meta.get("input_scale") is not None else None
         self.samples: dict[str, int] = meta["samples"]
         self._checksums: dict[str, dict[str, int]] | None = meta.get(CHECKSUMS)
@@ -230,6 +232,15 @@ class ShardsDataModule(ArrayDataModule):
                 "first wait ~0.1 s a batch for chunks on a local disk (docs/data.md); data.num_workers=1 "
                 "may be faster"
             )
+
+    def model_args(self) -> dict[str, Any]:
+        """The source data set's, as `make shards` wrote them (shards written before 0.3.0 keep only its
+        attributes: those the engine then passed to a model of the shipped tasks)."""
+        if self._model_args is not None:
+            return dict(self._model_args)
+        if hasattr(self, "vocab_size"):
+            return {"vocab_size": self.vocab_size, "block_size": self.block_size}
+        return super().model_args()
 
     def _target_stats(self) -> tuple[list[float], list[float]]:
         """The source's train split statistics, as written beside the shards (float targets only)."""

@@ -3,6 +3,8 @@ order, a token at a time. Generated in memory from `data_seed`: no download."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -28,8 +30,12 @@ class SortDataModule(ArrayDataModule):
             num_digits,
             data_seed,
         )
-        self.vocab_size = num_digits  # what the model is built from
+        self.vocab_size = num_digits
         self.block_size = 2 * length - 1
+
+    def model_args(self) -> dict[str, Any]:
+        """A next-token model is built from the vocabulary and the sequence length."""
+        return {"vocab_size": self.vocab_size, "block_size": self.block_size}
 
     def load_arrays(self) -> tuple[Tensor, Tensor]:
         g = torch.Generator().manual_seed(self.data_seed)

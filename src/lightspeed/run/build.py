@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
@@ -44,9 +44,12 @@ _BINDING = re.compile(
 )
 
 
-def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
+def instantiate(
+    node: Any, where: str, explain: Callable[[str], str | None] | None = None, **kwargs: Any
+) -> Any:
     """Hydra's instantiate, with a refusal of the settings in one line naming the config node `where`:
-    Lightning's MisconfigurationException, or keys that do not fit the constructor's arguments. Any other
+    Lightning's MisconfigurationException, or keys that do not fit the constructor's arguments (`explain`
+    may say those better: given the TypeError's line, it returns the line to print, or None). Any other
     error in a constructor (a bug in it) keeps its traceback; a ConfigError passes through as itself. The
     node's own `_target_` is found first (`_import`), so that a name that is no class is one line too."""
     if OmegaConf.is_config(node) and "_target_" in node:
@@ -59,11 +62,13 @@ def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
             cause = cause.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        if isinstance(cause, (MisconfigurationException, ImportError)) or (
-            isinstance(cause, TypeError) and _BINDING.search(str(cause))
-        ):
+        binding = isinstance(cause, TypeError) and _BINDING.search(str(cause))
+        if isinstance(cause, (MisconfigurationException, ImportError)) or binding:
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-            raise ConfigError(f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)") from None
+            said = explain(first) if binding and explain is not None else None
+            raise ConfigError(
+                said or f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)"
+            ) from None
         raise
 
 
@@ -94,42 +99,77 @@ def model(
     check_inputs_fit(cfg, given)
     # Not recursive: a `_target_` inside (model.net) reaches the module as plain data, which it builds
     # itself and keeps in its hyperparameters (weights_only checkpoints)
-    return instantiate(cfg.model, "model", **given, _convert_="all", _recursive_=False)
+    return instantiate(
+        cfg.model,
+        "model",
+        lambda line: _unfit(line, cfg, dm, given),
+        **given,
+        _convert_="all",
+        _recursive_=False,
+    )
 
 
 def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
-    """What the model is built from that only the data knows, passed at run time (never via globals):
-    each argument of the model's constructor that its config leaves unset and the DataModule has as an
-    attribute of that name (`num_classes`, `input_shape`, `vocab_size`, a regressor's target statistics),
-    but for Lightning's own attributes (`name`, `trainer`), and, for an argument that has a default, the
-    DataModule's own settings (its constructor's arguments: `batch_size`, `normalize`). A required one
-    that the data does not give is one line, naming the models of conf/model/ that fit the data."""
-    target = _import(cfg.model, "model")
-    settings = set(_parameters(type(dm)))
-    wanted = {
-        n: p
-        for n, p in _parameters(target).items()
-        if n not in cfg.model
-        and not hasattr(L.LightningDataModule, n)
-        and not (p.default is not p.empty and n in settings)
-    }
-    missing = [n for n, p in wanted.items() if not _has(dm, n) and p.default is p.empty]
-    if missing:
-        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-        model_ = choices.get("model")
-        fit = [m for m in _model_options() if m != model_ and _fits(m, dm)]
-        hint = f" ({', '.join(f'model={m}' for m in fit)})" if fit else ""
-        names = " and ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
-        raise ConfigError(
-            f"{_named(choices, 'model', target)} is built from the data's {names}, which "
-            f"{_named(choices, 'data', type(dm))} does not give: choose a model for this data{hint}, or give "
-            f"your DataModule {'these attributes' if len(missing) > 1 else 'that attribute'}"
-        )
-    # only now: an attribute may be a property that loads the data (a regressor's target statistics)
-    given = {n: plain(getattr(dm, n)) for n in wanted if _has(dm, n)}
+    """What the model is built from that only the data knows, as the DataModule says it (its
+    `model_args()`: `num_classes`, `input_shape`, `vocab_size`, a regressor's target statistics), but for
+    what conf/model sets itself. Passed at run time (never via globals); a DataModule without a
+    `model_args()` gives nothing, and the model is built from conf/model alone."""
+    given = {k: plain(v) for k, v in model_args(dm).items() if k not in cfg.model}
     if given:
         rank_zero_info(f"model: from the data, {', '.join(f'{k}={_short(v)}' for k, v in given.items())}")
     return given
+
+
+def model_args(dm: L.LightningDataModule) -> dict[str, Any]:
+    """The DataModule's `model_args()`, or nothing where it has none."""
+    method = getattr(dm, "model_args", None)
+    return dict(method()) if callable(method) else {}
+
+
+def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any]) -> str | None:
+    """A model whose constructor does not take what the data gives, or needs what it does not give, in
+    one line naming both (from the TypeError's `line`); None where a key of conf/model is at fault."""
+    names = re.findall(r"'(\w+)'", line)
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    model_ = _named(choices, "model", _import(cfg.model, "model"))
+    data_ = _named(choices, "data", type(dm))
+    fit = (
+        ", ".join(f"model={m}" for m in _models_built_from(given) if m != choices.get("model")) or "model=..."
+    )
+    if "unexpected keyword" in line and names and names[-1] in given:
+        return (
+            f"{model_} takes no {names[-1]}, which {data_} gives (its model_args(): {', '.join(given)}): "
+            f"choose a model for this data ({fit})"
+        )
+    if "missing" in line and names:
+        said = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        has = ", ".join(given) if given else "none" if hasattr(dm, "model_args") else ""
+        has = f"its model_args() gives {has}" if has else "it has no model_args()"
+        them = "them" if len(names) > 1 else "it"
+        return (
+            f"{model_} is built from {said}, which {data_} does not give ({has}): choose a model for this "
+            f"data ({fit}), or have your DataModule's model_args() return {them}"
+        )
+    return None
+
+
+def _models_built_from(given: dict[str, Any]) -> list[str]:
+    """The options of conf/model/ whose model can be built (on the meta device: no memory) from `given`."""
+    fit = []
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
+        node = OmegaConf.load(path)
+        try:
+            with torch.device("meta"):
+                _instantiate(
+                    node,
+                    **{k: v for k, v in given.items() if k not in node},
+                    _convert_="all",
+                    _recursive_=False,
+                )
+        except Exception:  # not for this data, or not on the meta device: not named
+            continue
+        fit.append(path.stem)
+    return fit
 
 
 def _short(value: Any, most: int = 40) -> str:
@@ -157,53 +197,11 @@ def _import(node: Any, where: str) -> Any:
     return found
 
 
-def _parameters(target: Any) -> dict[str, inspect.Parameter]:
-    """The named arguments `target` takes; a class whose `__init__` passes `**kwargs` on takes its base
-    class's too (`def __init__(self, *args, **kwargs): super().__init__(*args, **kwargs)`)."""
-    params = inspect.signature(target).parameters
-    skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    named = {n: p for n, p in params.items() if p.kind not in skip}
-    forwards = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if forwards and isinstance(target, type):
-        base = next((b for b in target.__mro__[1:] if "__init__" in vars(b)), object)
-        if base not in (object, L.LightningModule, L.LightningDataModule):
-            named = {**_parameters(base), **named}
-    return named
-
-
-def _has(obj: Any, name: str) -> bool:
-    """`obj` has attribute `name`, found without running a property (which may load the data)."""
-    return inspect.getattr_static(obj, name, _MISSING) is not _MISSING
-
-
-_MISSING = object()
-
-
 def plain(value: Any) -> Any:
     """Tuples, tensors and arrays as lists: hyperparameters stay plain data (weights_only checkpoints)."""
     if isinstance(value, (tuple, list)):
         return [plain(v) for v in value]
     return value.tolist() if hasattr(value, "tolist") else value
-
-
-def _model_options() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
-
-
-def _fits(option: str, dm: L.LightningDataModule) -> bool:
-    """Whether conf/model/<option>.yaml's model is built from what the data gives, and takes its inputs."""
-    cfg = OmegaConf.create({"model": OmegaConf.load(CONF_DIR / "model" / f"{option}.yaml")})
-    try:
-        target = _import(cfg.model, "model")
-        params = _parameters(target)
-        if not all(n in cfg.model or _has(dm, n) or p.default is not p.empty for n, p in params.items()):
-            return False
-        check_inputs_fit(
-            cfg, {n: plain(getattr(dm, n)) for n in params if n not in cfg.model and _has(dm, n)}
-        )
-    except (ConfigError, TypeError, ValueError):
-        return False
-    return True
 
 
 #: What torch says when a tensor's shape does not fit a layer.
@@ -221,7 +219,9 @@ def check_inputs_fit(cfg: DictConfig, given: dict[str, Any]) -> None:
     try:
         with torch.device("meta"):
             probe = _instantiate(cfg.model, **given, _convert_="all", _recursive_=False)
-    except Exception:  # not for this shape, or not on the meta device (it loads weights, say)
+    except Exception as err:  # not for this shape, or not on the meta device (it loads weights, say)
+        if isinstance(err.__cause__, TypeError) and _BINDING.search(str(err.__cause__)):
+            return  # not built from what the data gives: building it for real says so (`_unfit`)
         net = OmegaConf.select(cfg, "model.net.name", default=None)
         declared = getattr(nets.find(net), "example_input_shapes", None)
         if shape is not None and declared and all(len(d) != len(shape) for d in declared):
