@@ -397,3 +397,41 @@ def test_a_sweep_job_whose_ranks_slurm_started_may_be_multi_process(train_cfg, m
     monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # an interactive allocation: Lightning starts the ranks
     with pytest.raises(ConfigError, match=r"submit the sweep to SLURM \(-m hydra/launcher=slurm"):
         refuse_multirun_with_ddp(cfg)
+
+
+def test_the_plan_is_decided_once_and_the_config_is_read_only_until_the_run_ends(train_cfg) -> None:
+    """Run's plan (identity, monitor, the checkpoint to resume, the autos) is frozen; no step after it can
+    change `cfg` (a write raises), no `auto` is left in what it resolves; the caller's again after."""
+    from dataclasses import FrozenInstanceError
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ReadonlyConfigError
+
+    from lightspeed.train import Run
+
+    args = (*TINY, "trainer.max_epochs=1", "test_after_fit=false")
+    cfg = train_cfg(*args)
+    with Run(cfg) as run:
+        plan = run.plan
+        assert plan.monitor == ("val/acc", "max") and plan.resume_from is None and plan.idle == ()
+        with pytest.raises(FrozenInstanceError):
+            plan.resume_from = "elsewhere.ckpt"  # type: ignore[misc]
+        with pytest.raises(ReadonlyConfigError):
+            cfg.trainer.max_epochs = 2
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        autos = {f"{p}.{k}" for p in ("trainer", "data") for k, v in resolved[p].items() if v == "auto"}
+        assert autos == {
+            "trainer.accelerator",
+            "trainer.strategy",
+            "data.on_device",
+        }  # Lightning's; the data's
+        assert resolved["trainer"]["precision"] == "32-true" and resolved["data"]["pin_memory"] is False
+        assert resolved["model"]["optimizer"]["fused"] is True  # accel.optimizer_impl=auto, on a CPU
+        dm = run.datamodule()
+        model = run.model(dm)
+        trainer = run.trainer()
+        run.fit(trainer, model, dm)
+        run.finish(trainer, model, dm)  # every step ran on the read-only config
+    cfg.trainer.max_epochs = 2  # the caller's to change again
+    with Run(train_cfg(*args)) as run:  # the same command again: its plan continues the last checkpoint
+        assert run.plan.resume_from is not None and run.plan.resume_from.endswith("last.ckpt")

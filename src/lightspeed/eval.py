@@ -27,7 +27,7 @@ from lightspeed.data.base import ArrayDataModule
 from lightspeed.report import confusion_matrix, viz
 from lightspeed.resilience import identity
 from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, FROM_DATA_KEY, TRAIN_SAMPLES_KEY
-from lightspeed.run import build
+from lightspeed.run import build, tracking
 from lightspeed.run.build import plain
 from lightspeed.run.entry import hydra_entry
 from lightspeed.run.restore import load_module
@@ -52,6 +52,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         class_names = _check_classes(stored.get(CLASS_NAMES_KEY), dm)
         seen = seen_in_training(dm, stored.get(TRAIN_SAMPLES_KEY), given)
         accel.apply_to_model(cfg, model)
+        tracking.continue_runs(cfg)
         trainer = build.trainer(cfg)
         accel.report_idle(idle, accel.device_type(cfg))
 

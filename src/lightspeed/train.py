@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.utilities import rank_zero_info
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.compat.trainer import kill_launched_ranks, launched_ranks
 from lightspeed.core import summary
@@ -98,14 +98,30 @@ class TrainResult:
     best_checkpoint: str | None = None
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a run does, decided once before anything is built, and read by every step after. The config's
+    `auto`s are resolved in `cfg` but for those that only what comes later knows, each decided there and not
+    written back: `trainer.accelerator` and `strategy` (Lightning), `data.on_device` (the DataModule, by
+    the data's size), `accel.channels_last` (the model's layers). `cfg` is read-only from then until the
+    run ends."""
+
+    ident: dict[str, Any]  # the run's identity: its config as composed, before the autos resolved
+    run_dir: Path
+    monitor: tuple[str, str] | None  # (metric, mode): the model's own where the config said null
+    resume_from: str | None  # the checkpoint fit continues from (resume=auto or ckpt_path)
+    resumed: dict[str, Any] | None  # that checkpoint's position and metrics, as read to choose it
+    idle: tuple[str, ...]  # knobs set that cannot take effect on this device
+
+
 class Run:
     """One training run of `cfg`, in the steps a train entry shows (a project's `train.py` is these lines):
 
-        with Run(cfg) as run:                 # checks, identity, the run's lock, accel autos, seed
+        with Run(cfg) as run:                 # checks, the plan (identity, lock, autos, resume), seed
             dm = run.datamodule()             # conf/data
-            model = run.model(dm)             # conf/model, with what only the data knows (num_classes, ...)
+            model = run.model(dm)             # conf/model, with what the data gives (its model_args())
             trainer = run.trainer(callbacks)  # conf/trainer, callbacks and logger, the engine's guards
-            run.fit(trainer, model, dm)       # resumes this run's newest checkpoint; the exit codes
+            run.fit(trainer, model, dm)       # resumes the plan's checkpoint; the exit codes
             result = run.finish(trainer, model, dm)  # tests the best checkpoint, writes the summary
 
     Each step says a bad setting in one line (ConfigError); the lock is held until the block ends.
@@ -115,32 +131,37 @@ class Run:
         self.cfg = cfg
         self._held = ExitStack()
         self._given: dict[str, Any] = {}
-        self._ckpt_path: str | None = None
-        self._start_info: dict[str, Any] | None = None
         self._fit_s = 0.0
 
     def __enter__(self) -> Run:
         try:
-            self._start()
+            self.plan = self._plan()
         except BaseException:
             self._held.close()  # the lock, if it was taken
             raise
         return self
 
-    def _start(self) -> None:
+    def _plan(self) -> Plan:
         cfg = self.cfg
         silence_known_noise()
         with exit_on_config_error():
             validate_train(cfg)
-            self.ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves
+            ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves
             with open_dict(cfg):
                 cfg.run_name = str(cfg.run_name)  # its hash, as the folder has it, before the config changes
             monitor.settle(cfg)  # ... and before the model's monitor fills the config's
             refuse_multirun_with_ddp(cfg)
-            self._held.enter_context(lock.held(Path(cfg.paths.output_dir)))  # until the run ends, however
-            self._idle = accel.resolve(cfg)
-            accel.apply_to_torch(cfg)
-            L.seed_everything(cfg.seed, workers=True, verbose=False)
+            run_dir = Path(cfg.paths.output_dir)
+            self._held.enter_context(lock.held(run_dir))  # until the run ends, however
+            idle = accel.resolve(cfg)
+            tracking.continue_runs(cfg)
+            resume_from, resumed = resume.start(cfg, ident)
+        OmegaConf.set_readonly(cfg, True)
+        self._held.callback(OmegaConf.set_readonly, cfg, None)  # the caller's again when the run ends
+        accel.apply_to_torch(cfg)
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        metric = (cfg.monitor.metric, cfg.monitor.mode) if "monitor" in cfg else None
+        return Plan(ident, run_dir, metric, resume_from, resumed, tuple(idle))
 
     def __exit__(self, *exc: object) -> None:
         self._held.close()
@@ -157,13 +178,12 @@ class Run:
         return model
 
     def trainer(self, callbacks: Sequence[L.Callback] = ()) -> L.Trainer:
-        cfg = self.cfg
+        cfg, plan = self.cfg, self.plan
         with exit_on_config_error():
-            trainer = build.trainer(cfg, callbacks, self.ident, from_data=sorted(self._given))
-            accel.report_idle(self._idle, accel.device_type(cfg))
-            self._ckpt_path, self._start_info = resume.start(cfg, self.ident)
+            trainer = build.trainer(cfg, callbacks, plan.ident, from_data=sorted(self._given))
+            accel.report_idle(list(plan.idle), accel.device_type(cfg))
         self.config = build.plain_config(cfg)
-        summary.config_tree(self.config, Path(cfg.paths.output_dir), show=cfg.get("print_config", True))
+        summary.config_tree(self.config, plan.run_dir, show=cfg.get("print_config", True))
         tracking.log_config(self.config, trainer.loggers)
         tracking.remember(cfg, trainer.loggers)
         return trainer
@@ -175,21 +195,21 @@ class Run:
             exit_on_config_error(),
             exit_on_failure(self.cfg, trainer),
             stop_other_ranks_on_failure(trainer),
-            checkpoint.loading(self._ckpt_path),
+            checkpoint.loading(self.plan.resume_from),
         ):
-            trainer.fit(model, datamodule=dm, ckpt_path=self._ckpt_path, weights_only=True)
+            trainer.fit(model, datamodule=dm, ckpt_path=self.plan.resume_from, weights_only=True)
         self._fit_s = time.perf_counter() - start
 
     def finish(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> TrainResult:
         """The fit's figures and summary; with `test_after_fit`, the best checkpoint tested too."""
-        cfg, ckpt = self.cfg, trainer.checkpoint_callback
+        cfg, plan, ckpt = self.cfg, self.plan, trainer.checkpoint_callback
         # Only a monitored checkpoint is a "best" one (Lightning's default checkpoint just keeps the last).
         best = ckpt.best_model_path if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
         metrics = self._fit_metrics(trainer, best)
-        run_dir = Path(cfg.paths.output_dir)
+        run_dir = plan.run_dir
         facts = {
             "run_dir": run_dir,
-            "monitor": f"{cfg.monitor.metric} ({cfg.monitor.mode})" if "monitor" in cfg else None,
+            "monitor": f"{plan.monitor[0]} ({plan.monitor[1]})" if plan.monitor else None,
             "best_checkpoint": best,
             "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,
             "global_step": trainer.global_step,
@@ -221,14 +241,14 @@ class Run:
         metrics = {
             k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "val/"))
         }
-        start_info = self._start_info
+        start_info = self.plan.resumed
         if start_info is not None:
             # What the run last measured before the checkpoint, where this attempt has not measured it again
             # (a resumed stretch after the last logging step logs no loss): as an uninterrupted run reports.
             metrics = {**start_info["metrics"], **metrics}
             if trainer.global_step == start_info["global_step"]:
                 rank_zero_info(
-                    f"nothing left to train: {self._ckpt_path} had already finished; testing its best "
+                    f"nothing left to train: {self.plan.resume_from} had already finished; testing its best "
                     "checkpoint again (run_name=<new name> trains a new run)"
                 )
         best_metrics = getattr(trainer.checkpoint_callback, "best_metrics", {}) if best else {}

@@ -33,7 +33,7 @@ from lightspeed.resilience.identity import RunIdentity
 from lightspeed.resilience.nonfinite import NonFiniteGuard
 from lightspeed.resilience.preemption import Preemption
 from lightspeed.resilience.rank_seed import RankSeed
-from lightspeed.run import monitor, tracking
+from lightspeed.run import monitor
 from lightspeed.run.monitor import MonitorCheck, uses, watching
 from lightspeed.speed.accel import LOADER_KNOBS
 
@@ -263,9 +263,8 @@ def _group(cfg: DictConfig | None, group: str) -> list[Any]:
 
 
 def loggers(cfg: DictConfig) -> list[Logger]:
-    """The configured loggers; an MLflow or W&B one continues the tracked run of this folder's earlier
-    attempt (`tracking`)."""
-    tracking.continue_runs(cfg)
+    """The configured loggers (an MLflow or W&B one continues the tracked run of this folder's earlier
+    attempt where `tracking.continue_runs` has put its id into `cfg`)."""
     return _group(cfg.get("logger"), "logger")
 
 

@@ -83,8 +83,9 @@ def settle(cfg: DictConfig) -> None:
             f"monitor.mode={mode} contradicts monitor.metric={metric} ({better} is better by its name): use "
             f"monitor.mode={named}, or monitor.check_mode=false if {mode} is really meant"
         )
-    with open_dict(cfg):
-        cfg.monitor.metric, cfg.monitor.mode = str(metric), str(mode)
+    if (cfg.monitor.get("metric"), cfg.monitor.get("mode")) != (metric, mode):  # settled once: left as is
+        with open_dict(cfg):
+            cfg.monitor.metric, cfg.monitor.mode = str(metric), str(mode)
     for key, node in consumers(cfg).items():
         if node.monitor is None:  # this one watches nothing (a checkpoint every N steps, say)
             continue

@@ -177,7 +177,8 @@ def _flush_denormal(flush: bool) -> None:
 
 
 def resolve_channels_last(cfg: DictConfig, model: torch.nn.Module) -> bool:
-    """`accel.channels_last`, with `auto` resolved (in `cfg` too) for this model: on for a CUDA run of a
+    """`accel.channels_last`, with `auto` resolved for this model (not written back: the run's config is
+    read-only once the model is built): on for a CUDA run of a
     net with 2-D convolutions (cuDNN's NHWC kernels use the tensor cores: 1.64x for the bench ResNet on
     an H200, docs/acceleration.md); off elsewhere (a CPU's NCHW kernels are the tuned ones, and an MLP
     would only pay a layout copy per batch)."""
@@ -186,8 +187,8 @@ def resolve_channels_last(cfg: DictConfig, model: torch.nn.Module) -> bool:
     if wanted == "auto":
         convs = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
         wanted = device_type(cfg) == "cuda" and convs
-        with open_dict(cfg):
-            accel.channels_last = wanted
+        if wanted:
+            rank_zero_info("accel.channels_last=auto: on (a CUDA run of a net with 2-D convolutions)")
     return bool(wanted)
 
 
