@@ -27,8 +27,8 @@ def test_a_plain_lightning_datamodule_trains_and_the_loader_knobs_it_does_not_ta
     assert type(result.trainer.train_dataloader).__name__ == "DataLoader"  # its own, as it built it
     notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data: PlainDigits")]
     assert notes == [
-        "data: PlainDigits takes no pin_memory, num_workers, persistent_workers, prefetch_factor, "
-        "non_blocking, on_device: its own loaders decide them"
+        "data: PlainDigits takes no num_workers, pin_memory, non_blocking, on_device, persistent_workers, "
+        "prefetch_factor: its own loaders decide them"
     ]
 
 

@@ -23,6 +23,7 @@ from lightspeed.core.config import (
 )
 from lightspeed.core.failures import exit_on_failure
 from lightspeed.core.logs import silence_known_noise
+from lightspeed.core.schema import SCHEMA
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.report import confusion_matrix, viz
 from lightspeed.resilience import identity
@@ -120,9 +121,11 @@ def _pictures(found: viz.Intermediates, run_dir: Path, class_names: list[str] | 
     return ", ".join(str(p) for p in drawn if p is not None)
 
 
-#: Data keys that say where and how a data set is read, not what it is: this machine's, or the command
-#: line's, whichever data is evaluated.
-PLACE_KEYS = (*LOADER_KNOBS, "data_dir", "mirrors", "cache")
+#: Data keys that say where and how a data set is read, not what it is (outside a run's identity, in the one
+#: schema): this machine's, or the command line's, whichever data is evaluated.
+PLACE_KEYS = tuple(
+    k.removeprefix("data.") for k, key in SCHEMA.items() if k.startswith("data.") and not key.identity
+)
 
 
 def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
@@ -146,7 +149,7 @@ def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
     run_data = {k: v for k, v in run_data.items() if k != "mirrors"}
     keep = {k: cfg.data[k] for k in LOADER_KNOBS if k in cfg.data}  # this machine's, from the accel preset
     keep |= {
-        k: cfg.data[k] for k in ("data_dir", "mirrors", "cache") if f"data.{k}" in given and k in cfg.data
+        k: cfg.data[k] for k in PLACE_KEYS if k not in LOADER_KNOBS and f"data.{k}" in given and k in cfg.data
     }
     with open_dict(cfg):
         cfg.data = OmegaConf.merge(OmegaConf.create(run_data), keep)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,10 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR, CONF_DIRS
+from lightspeed.core.schema import SCHEMA, folder_name, is_int, is_number
 
 #: Exit code for a bad config (training failures exit 1, like any Python error).
 CONFIG_ERROR_EXIT = 2
-
-PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
 
 class ConfigError(ValueError):
@@ -54,205 +51,24 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.select(cfg, key, default=None)
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_finite(v: Any) -> bool:
-    return _is_number(v) and math.isfinite(v)
-
-
-def _device_list(v: Any) -> bool:
-    """`[0, 1]`, or Lightning's string form `"0,1"`."""
-    if isinstance(v, str):
-        return re.fullmatch(r"\d+(,\d+)*,?", v) is not None
-    return isinstance(v, Sequence) and len(v) > 0 and all(_is_int(i) and i >= 0 for i in v)
-
-
-def _one_of(*allowed: str) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: isinstance(v, str) and v in allowed, "one of " + ", ".join(allowed))
-
-
-def _int_at_least(low: int, extra: str = "") -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: _is_int(v) and v >= low, f"an integer >= {low}{extra}")
-
-
-def _bool_or_auto() -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v == "auto" or isinstance(v, bool), "auto, true or false")
-
-
-_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
-
-
-def _folder_name() -> tuple[Callable[[Any], bool], str]:
-    """A name that is one folder inside its parent: no separator, not `.` or `..`."""
-    return (
-        lambda v: isinstance(v, str) and re.fullmatch(r"[\w.,=+-]+", v) is not None and v not in (".", ".."),
-        "letters, digits and . , = + - _ but not . or .. alone (it names one folder)",
-    )
-
-
-#: Names that become folders (or a file's name: the job's log), checked as resolved before Hydra makes
-#: the run folder: an interpolation (`${oc.env:X}`) can make `..` as readily as the command line.
-FOLDER_KEYS = ("run_name", "task_name", "hydra.job.name", "hydra.output_subdir", "hydra.sweep.subdir")
-
-# key -> (predicate, what is allowed). A key that is absent from the config is not checked.
-_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
-    "data.split_seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
-    "data.normalize": (
-        lambda v: isinstance(v, bool) or v == "per_feature",
-        "true (one mean and std), per_feature (each input feature its own: tabular data) or false",
-    ),
-    "model.optimizer.weight_decay": (lambda v: _is_finite(v) and v >= 0, "a number >= 0"),
-    "model.optimizer.momentum": (lambda v: _is_finite(v) and 0 <= v < 1, "a number from 0 to below 1"),
-    "model.scheduler.pct_start": (lambda v: _is_finite(v) and 0 < v < 1, "a number between 0 and 1"),
-    "model.net.dropout": (lambda v: _is_finite(v) and 0 <= v < 1, "a number from 0 to below 1"),
-    "model.net.channels": (
-        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(_is_int(c) and c >= 1 for c in v),
-        "a non-empty list of integers >= 1, e.g. [32, 64]",
-    ),
-    "model.net.hidden": (
-        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(_is_int(c) and c >= 1 for c in v),
-        "a non-empty list of integers >= 1, e.g. [256, 128]",
-    ),
-    "trainer.min_epochs": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0 or null"),
-    "trainer.num_sanity_val_steps": _int_at_least(-1, " (-1: the whole validation set)"),
-    "trainer.num_nodes": _int_at_least(1, " (machines, each started by torchrun or SLURM)"),
-    "trainer.check_val_every_n_epoch": (
-        lambda v: v is None or (_is_int(v) and v >= 1),
-        "an integer >= 1 or null",
-    ),
-    "trainer.val_check_interval": (
-        lambda v: (
-            v is None
-            or isinstance(v, (str, Mapping))  # a time, as Lightning takes it ("00:01:00:00", {minutes: 5})
-            or (_is_int(v) and v >= 1)
-            or (_is_finite(v) and 0 < v <= 1)
-        ),
-        "a fraction of an epoch in (0, 1], a number of batches >= 1, a time, or null",
-    ),
-    "trainer.devices": (
-        lambda v: v in ("auto", -1) or (_is_int(v) and v >= 1) or _device_list(v),
-        "a count >= 1, -1 for all, auto, or a list of device indices like [0, 1]",
-    ),
-    "callbacks.model_checkpoint.save_top_k": _int_at_least(-1, " (-1: keep every checkpoint)"),
-    "monitor.metric": (lambda v: v is None or (isinstance(v, str) and v != ""), "a metric's name, or null"),
-    "monitor.mode": (lambda v: v is None or v in ("min", "max"), "min, max, or null (the model's)"),
-    "monitor.check_mode": (lambda v: isinstance(v, bool), "true or false"),
-    "callbacks.early_stopping.patience": _int_at_least(0),
-    "run_name": _folder_name(),
-    "task_name": _folder_name(),
-    "resume": _one_of("auto", "never"),
-    "trainer.precision": _one_of("auto", *PRECISIONS),
-    "trainer.accelerator": _one_of(*ACCELERATORS),
-    "trainer.max_epochs": (
-        lambda v: v is None or (_is_int(v) and (v >= 1 or v == -1)),
-        "an integer >= 1 (or -1 for no limit)",
-    ),
-    "trainer.max_steps": _int_at_least(-1, " (or -1 for no limit)"),
-    "trainer.accumulate_grad_batches": _int_at_least(1),
-    "trainer.benchmark": (lambda v: v in ("auto", None) or isinstance(v, bool), "auto, true or false"),
-    "trainer.deterministic": (
-        lambda v: v is None or isinstance(v, bool) or v == "warn",
-        "true, false or warn",
-    ),
-    "trainer.gradient_clip_val": (lambda v: v is None or (_is_finite(v) and v >= 0), "a number >= 0 or null"),
-    "trainer.log_every_n_steps": _int_at_least(1),
-    "data.batch_size": _int_at_least(1),
-    "data.num_workers": (lambda v: v == "auto" or (_is_int(v) and v >= 0), "auto or an integer >= 0"),
-    "data.pin_memory": _bool_or_auto(),
-    "data.non_blocking": _bool_or_auto(),
-    "data.on_device": _bool_or_auto(),
-    "data.persistent_workers": (lambda v: isinstance(v, bool), "true or false"),
-    "data.drop_last": (lambda v: isinstance(v, bool), "true or false"),
-    "data.prefetch_factor": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1 or null"),
-    "data.val_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
-    "data.test_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
-    "data.augment.crop_padding": _int_at_least(0),
-    "data.augment.flip": (lambda v: isinstance(v, bool), "true or false"),
-    "model.optimizer.lr": (lambda v: _is_finite(v) and v > 0, "a finite number > 0"),
-    "accel.matmul_precision": _one_of("highest", "high", "medium"),
-    "accel.channels_last": _bool_or_auto(),
-    "accel.compile": (lambda v: isinstance(v, bool), "true or false"),
-    "accel.compile_mode": _one_of("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-    "accel.compile_backend": (
-        lambda v: v in torch.compiler.list_backends(exclude_tags=()),
-        "a torch.compile backend: " + ", ".join(torch.compiler.list_backends()),
-    ),
-    "accel.optimizer_impl": _one_of("auto", "torch", "fused", "foreach", "loop"),
-    "accel.flush_denormal": _bool_or_auto(),
-    "callbacks.nonfinite.action": _one_of("stop", "skip"),
-    "callbacks.nonfinite.check_every_n_steps": _int_at_least(1),
-    "callbacks.nonfinite.max_consecutive_skips": _int_at_least(1),
-    "callbacks.preemption.check_every_n_steps": _int_at_least(1),
-    "callbacks.speed_report.warmup_steps": (
-        lambda v: v == "auto" or (_is_int(v) and v >= 0),
-        "auto (until the step time settles) or an integer >= 0",
-    ),
-    "callbacks.speed_report.summary_depth": _int_at_least(-1, " (-1: every layer, 0: none)"),
-    "callbacks.rich_progress_bar.refresh_rate": _int_at_least(1, " (updates a second)"),
-    "logger.csv.save_dir": (lambda v: isinstance(v, str) and v != "", "a folder"),
-    "logger.tensorboard.save_dir": (lambda v: isinstance(v, str) and v != "", "a folder"),
-    "model.optimizer.name": (lambda v: isinstance(v, str) and v != "", "a class in torch.optim, e.g. AdamW"),
-    "model.scheduler.name": (lambda v: isinstance(v, str) and v != "", "none, cosine or onecycle"),
-    "trainer.overfit_batches": (
-        lambda v: (_is_int(v) and v >= 0) or (_is_finite(v) and 0 <= v <= 1),
-        "a number of batches >= 0, or a fraction of them from 0 to 1",
-    ),
-    "trainer.limit_train_batches": (
-        lambda v: v is None or (_is_int(v) and v >= 0) or (_is_finite(v) and 0 <= v <= 1),
-        "a number of batches >= 0, a fraction from 0 to 1, or null",
-    ),
-    "trainer.limit_val_batches": (
-        lambda v: v is None or (_is_int(v) and v >= 0) or (_is_finite(v) and 0 <= v <= 1),
-        "a number of batches >= 0, a fraction from 0 to 1, or null",
-    ),
-    "trainer.limit_test_batches": (
-        lambda v: v is None or (_is_int(v) and v >= 0) or (_is_finite(v) and 0 <= v <= 1),
-        "a number of batches >= 0, a fraction from 0 to 1, or null",
-    ),
-    "trainer.profiler": (
-        lambda v: (
-            v is None
-            or v in ("simple", "advanced", "pytorch", "xla")
-            or (isinstance(v, Mapping) and "_target_" in v)
-        ),
-        "null, simple, advanced or pytorch, or a profiler's node with _target_",
-    ),
-    "trainer.strategy": (
-        lambda v: (isinstance(v, str) and v != "") or (isinstance(v, Mapping) and "_target_" in v),
-        "a strategy's name (auto, ddp, ...) or its node with _target_",
-    ),
-    "shards.chunk_bytes": (
-        lambda v: (
-            (_is_int(v) and v > 0)
-            or (isinstance(v, str) and re.fullmatch(r"[1-9]\d*\s*[KMG]B", v) is not None)
-        ),
-        "a size like 64MB (KB, MB or GB), or a number of bytes > 0",
-    ),
-    "callbacks.preemption.signals": (
-        lambda v: isinstance(v, Sequence) and all(s in _SIGNALS for s in v),
-        "a list of " + ", ".join(_SIGNALS),
-    ),
-}
+#: The views of `schema.SCHEMA` that the checks read: each key's check and what it allows, the keys that
+#: name folders, and the retired keys with what to use instead.
+_RULES = {k: (key.check, key.allowed) for k, key in SCHEMA.items() if key.check is not None}
+FOLDER_KEYS = tuple(k for k, key in SCHEMA.items() if key.folder)
+RETIRED = {k: key.retired for k, key in SCHEMA.items() if key.retired is not None}
 
 
 def validate_train(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that cannot work, naming the key and what is allowed."""
     validate_common(cfg)
     low, high = _get(cfg, "trainer.min_epochs"), _get(cfg, "trainer.max_epochs")
-    if _is_int(low) and _is_int(high) and high != -1 and low > high:
+    if is_int(low) and is_int(high) and high != -1 and low > high:
         raise ConfigError(
             f"trainer.min_epochs={low} is more than trainer.max_epochs={high}: lower trainer.min_epochs "
             "(the epochs early stopping waits for) or raise trainer.max_epochs"
         )
     nodes = _get(cfg, "trainer.num_nodes")
-    if _is_int(nodes) and nodes > 1 and not any(k in os.environ for k in CLUSTER_VARIABLES):
+    if is_int(nodes) and nodes > 1 and not any(k in os.environ for k in CLUSTER_VARIABLES):
         raise ConfigError(
             f"trainer.num_nodes={nodes} needs each machine's processes started by torchrun or SLURM (none "
             f"started this one, and it would wait for the others): on each machine `torchrun --nnodes "
@@ -429,7 +245,7 @@ def _validate_strategy(cfg: DictConfig) -> None:
 
 def _validate_splits(cfg: DictConfig) -> None:
     val, test = _get(cfg, "data.val_fraction"), _get(cfg, "data.test_fraction")
-    if _is_number(val) and _is_number(test) and val + test >= 1:
+    if is_number(val) and is_number(test) and val + test >= 1:
         raise ConfigError(
             f"data.val_fraction={val} + data.test_fraction={test} leaves no training data: "
             "keep their sum below 1"
@@ -448,7 +264,7 @@ def validate_devices(cfg: DictConfig) -> None:
                 "check `nvidia-smi` and install a CUDA build of torch, or train on the CPU with trainer=cpu"
             )
         available = torch.cuda.device_count()
-        if _is_int(devices) and devices > available:
+        if is_int(devices) and devices > available:
             raise ConfigError(
                 f"trainer.devices={devices} but only {available} GPU(s) are visible: use at most {available}"
             )
@@ -456,14 +272,14 @@ def validate_devices(cfg: DictConfig) -> None:
     if (
         on_cpu
         and devices is not None
-        and not _is_int(devices)
+        and not is_int(devices)
         and not re.fullmatch(r"auto|-?\d+", str(devices))
     ):
         raise ConfigError(
             f"trainer.devices={devices} lists device indices, but this run is on the CPU: use a count of "
             "processes (trainer.devices=1; trainer=ddp_cpu for two)"
         )
-    if _is_int(devices) and (devices == 0 or devices < -1):
+    if is_int(devices) and (devices == 0 or devices < -1):
         raise ConfigError(f"trainer.devices={devices} is invalid: use a count >= 1, -1 for all, or auto")
 
 
@@ -475,16 +291,6 @@ def flat_keys(node: Any, prefix: str = "") -> list[str]:
             keys.append(f"{prefix}{key}")
             keys += flat_keys(value, f"{prefix}{key}.")
     return keys
-
-
-#: Keys a release renamed or removed, with what to do instead: a config that still sets one (the command
-#: line, a yaml file of conf/, at any depth) is refused in one line, never silently ignored (docs/engine.md).
-RETIRED: dict[str, str] = {
-    "callbacks.model_summary.max_depth": "is now callbacks.speed_report.summary_depth: the speed report "
-    "prints the model summary (0: none)",
-    "allowed_targets": "is no longer needed: the command line and conf/ may name any class; remove it "
-    "(from conf/local/default.yaml)",
-}
 
 
 def check_retired(cfg: DictConfig) -> None:
@@ -563,8 +369,8 @@ def _expanded(node: Any, sizes: dict[int, int]) -> int:
 def check_types(cfg: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> None:
     """Every value of the run's config (a container, interpolations as written) has the type of its
     default in `schema` (the same options composed without the command line's values): the defaults are
-    the schema, one for every key a user can set. A key with a rule of its own (`_RULES`: several types,
-    ranges) is checked by the rule; a default of null or `auto` says no type; null switches a key off."""
+    the schema, one for every key a user can set. A key with a check of its own (`schema.SCHEMA`: several
+    types, ranges) is checked by it; a default of null or `auto` says no type; null switches a key off."""
     for key, value in cfg.items():
         if key not in schema:
             continue
@@ -603,7 +409,7 @@ def check_types(cfg: dict[str, Any], schema: dict[str, Any], prefix: str = "") -
 def check_folder_names(cfg: DictConfig) -> None:
     """Each of FOLDER_KEYS, as resolved (with Hydra's node), is one folder's name: no separator, not `.`
     or `..`. (`hydra.output_subdir` may be null: no .hydra folder.)"""
-    ok, allowed = _folder_name()
+    ok, allowed = folder_name()
     for key in FOLDER_KEYS:
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and not ok(value):

@@ -23,6 +23,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR, __version__
+from lightspeed.core.schema import ORIGINAL, SCHEMA
 
 RECORD_FILE = "run.json"
 
@@ -38,61 +39,12 @@ FROM_DATA_KEY = "from_data"
 #: data folder included): what `make eval` evaluates on, resolved on its own machine.
 DATA_CONFIG_KEY = "data_config"
 
-#: Keys that say where a run lives, how it starts, or how it is watched and fed, not what it computes:
-#: left out of the identity, so that changing them continues the same run. (Loader settings change
-#: speed, not batches: both loaders serve the same order. Where a data set is kept and fetched from
-#: changes no byte of it: its files are verified against their published MD5s.)
-NOT_IDENTITY = (
-    "hydra",
-    "paths",
-    "run_name",
-    "resume",
-    "ckpt_path",
-    "test_after_fit",
-    "print_config",
-    "curves",
-    "monitor.check_mode",  # a check of the settings, not a setting
-    "logger",
-    "data.num_workers",
-    "data.pin_memory",
-    "data.persistent_workers",
-    "data.prefetch_factor",
-    "data.non_blocking",
-    "data.on_device",
-    "data.data_dir",
-    "data.mirrors",
-    "data.cache",  # image_folder: the same pixels, decoded once or on the fly
-    "trainer.log_every_n_steps",
-    "trainer.num_sanity_val_steps",
-    "trainer.enable_progress_bar",
-    "trainer.enable_model_summary",
-    "callbacks.rich_progress_bar",
-    "callbacks.model_summary",
-    "callbacks.speed_report",
-    "callbacks.lr_monitor",
-    "callbacks.preemption",
-    "callbacks.nonfinite.check_every_n_steps",
-    "callbacks.model_checkpoint.every_n_train_steps",
-)
-
-#: Keys a Lightspeed release added after runs existed, with the value that behaves as before they did:
-#: at that value a key is left out of the identity, so that upgrading continues the runs made before it.
-#: Add every new key that changes what a run computes here (tests/test_resume.py pins the default
-#: run's hash to catch a key that was not).
-ADDED_KEYS: dict[str, Any] = {
-    # 2026-12: Lightning's defaults, now settings of the trainer group's default.yaml
-    "trainer.max_steps": -1,
-    "trainer.val_check_interval": None,
-    "trainer.limit_train_batches": 1.0,
-    "trainer.limit_val_batches": 1.0,
-    "trainer.limit_test_batches": 1.0,
-    "trainer.overfit_batches": 0.0,
-    "trainer.fast_dev_run": False,
-    "trainer.enable_checkpointing": True,
-    "trainer.profiler": None,
-    # 2026-12: machines, for torchrun and SLURM (tests/test_multinode.py)
-    "trainer.num_nodes": 1,
-}
+#: What is left out of a run's identity (`schema.Key.identity`, `added`), from the one schema: keys that say
+#: where a run lives, how it starts, or how it is watched and fed, so that changing them continues the run;
+#: and keys a release added after runs existed, at the value that behaves as before they did, so that
+#: upgrading continues the runs made before it.
+NOT_IDENTITY = tuple(k for k, key in SCHEMA.items() if not key.identity)
+ADDED_KEYS = {k: key.added for k, key in SCHEMA.items() if key.added is not ORIGINAL}
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:

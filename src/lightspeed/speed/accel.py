@@ -17,16 +17,10 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.core.device import can_flush, cpu_count, skip_repeated_cuda_probe, thread_modes
+from lightspeed.core.schema import SCHEMA
 
 #: The loader settings an accel preset sets under `data.` (where the DataModule's constructor reads them).
-LOADER_KNOBS = (
-    "pin_memory",
-    "num_workers",
-    "persistent_workers",
-    "prefetch_factor",
-    "non_blocking",
-    "on_device",
-)
+LOADER_KNOBS = tuple(k.removeprefix("data.") for k, key in SCHEMA.items() if key.loader)
 
 
 def auto_num_workers(devices_per_node: int, device_type: str = "cuda") -> int:

@@ -1,0 +1,283 @@
+"""The config's one schema: a record per key that Lightspeed knows more of than its default's type says.
+
+Each record gives what values the key takes (a check and, in words, what is allowed: the one-line error),
+whether it belongs to a run's identity, whether it names a folder, whether it is a loader setting, and for a
+key a release added or retired, what keeps older runs and configs working. Every consumer reads its facts
+from here (`config`: the checks, the folder names, the retired keys; `identity`: what enters a run's hash;
+`accel` and `eval`: the loader settings): no key is named in a second table. A key without a record is
+checked against its default's type (`config.check_types`).
+
+Why records of our own, not Hydra structured configs or pydantic: the config's groups are open (a
+project's models and data sets bring keys the engine cannot type), a range or a choice is more than a
+type, and whether a key is part of a run's identity is a fact of the key, not of its type.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+
+#: `Key.added`'s default: the key was there from the first release.
+ORIGINAL = object()
+
+
+@dataclass(frozen=True)
+class Key:
+    """What Lightspeed knows of one key. A key (or a whole subtree) absent from a config is not checked."""
+
+    check: Callable[[Any], bool] | None = None  # None: any value its default's type allows
+    allowed: str = ""  # what `check` accepts, in words: the fix the one-line error names
+    identity: bool = True  # False: where a run lives, how it starts, is watched or fed, not what it computes
+    added: Any = ORIGINAL  # added after runs existed: at this value left out of the identity (older runs)
+    folder: bool = False  # names one folder (or a log file): checked as resolved, before Hydra makes it
+    loader: bool = False  # a DataLoader setting under data.: this machine's, set by the accel preset
+    retired: str | None = None  # renamed or removed: what to use instead (a config that sets it is refused)
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def is_finite(v: Any) -> bool:
+    return is_number(v) and math.isfinite(v)
+
+
+def _device_list(v: Any) -> bool:
+    """`[0, 1]`, or Lightning's string form `"0,1"`."""
+    if isinstance(v, str):
+        return re.fullmatch(r"\d+(,\d+)*,?", v) is not None
+    return isinstance(v, Sequence) and len(v) > 0 and all(is_int(i) and i >= 0 for i in v)
+
+
+def _one_of(*allowed: str) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: isinstance(v, str) and v in allowed, "one of " + ", ".join(allowed))
+
+
+def _int_at_least(low: int, extra: str = "") -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: is_int(v) and v >= low, f"an integer >= {low}{extra}")
+
+
+def _bool_or_auto() -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v == "auto" or isinstance(v, bool), "auto, true or false")
+
+
+_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
+
+
+def _batches() -> tuple[Callable[[Any], bool], str]:
+    """How many batches of an epoch: a count, a fraction of them, or null (Lightning's default)."""
+    return (
+        lambda v: v is None or (is_int(v) and v >= 0) or (is_finite(v) and 0 <= v <= 1),
+        "a number of batches >= 0, a fraction from 0 to 1, or null",
+    )
+
+
+def folder_name() -> tuple[Callable[[Any], bool], str]:
+    """A name that is one folder inside its parent: no separator, not `.` or `..`."""
+    return (
+        lambda v: isinstance(v, str) and re.fullmatch(r"[\w.,=+-]+", v) is not None and v not in (".", ".."),
+        "letters, digits and . , = + - _ but not . or .. alone (it names one folder)",
+    )
+
+
+#: Every key with a record. Identity: loader settings change speed, not batches (both loaders serve the
+#: same order); where a data set is kept and fetched from changes no byte of it (its files are verified
+#: against their published MD5s). `added`: every new key that changes what a run computes gets one
+#: (tests/test_resume.py pins the default run's hash to catch a key that was not).
+SCHEMA: dict[str, Key] = {
+    "seed": Key(lambda v: is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+    "data.split_seed": Key(lambda v: is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+    "data.normalize": Key(
+        lambda v: isinstance(v, bool) or v == "per_feature",
+        "true (one mean and std), per_feature (each input feature its own: tabular data) or false",
+    ),
+    "model.optimizer.weight_decay": Key(lambda v: is_finite(v) and v >= 0, "a number >= 0"),
+    "model.optimizer.momentum": Key(lambda v: is_finite(v) and 0 <= v < 1, "a number from 0 to below 1"),
+    "model.scheduler.pct_start": Key(lambda v: is_finite(v) and 0 < v < 1, "a number between 0 and 1"),
+    "model.net.dropout": Key(lambda v: is_finite(v) and 0 <= v < 1, "a number from 0 to below 1"),
+    "model.net.channels": Key(
+        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(is_int(c) and c >= 1 for c in v),
+        "a non-empty list of integers >= 1, e.g. [32, 64]",
+    ),
+    "model.net.hidden": Key(
+        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(is_int(c) and c >= 1 for c in v),
+        "a non-empty list of integers >= 1, e.g. [256, 128]",
+    ),
+    "trainer.min_epochs": Key(lambda v: v is None or (is_int(v) and v >= 0), "an integer >= 0 or null"),
+    "trainer.num_sanity_val_steps": Key(
+        *_int_at_least(-1, " (-1: the whole validation set)"), identity=False
+    ),
+    "trainer.num_nodes": Key(*_int_at_least(1, " (machines, each started by torchrun or SLURM)"), added=1),
+    "trainer.check_val_every_n_epoch": Key(
+        lambda v: v is None or (is_int(v) and v >= 1),
+        "an integer >= 1 or null",
+    ),
+    "trainer.val_check_interval": Key(
+        lambda v: (
+            v is None
+            or isinstance(v, (str, Mapping))  # a time, as Lightning takes it ("00:01:00:00", {minutes: 5})
+            or (is_int(v) and v >= 1)
+            or (is_finite(v) and 0 < v <= 1)
+        ),
+        "a fraction of an epoch in (0, 1], a number of batches >= 1, a time, or null",
+        added=None,
+    ),
+    "trainer.devices": Key(
+        lambda v: v in ("auto", -1) or (is_int(v) and v >= 1) or _device_list(v),
+        "a count >= 1, -1 for all, auto, or a list of device indices like [0, 1]",
+    ),
+    "callbacks.model_checkpoint.save_top_k": Key(*_int_at_least(-1, " (-1: keep every checkpoint)")),
+    "monitor.metric": Key(
+        lambda v: v is None or (isinstance(v, str) and v != ""), "a metric's name, or null"
+    ),
+    "monitor.mode": Key(lambda v: v is None or v in ("min", "max"), "min, max, or null (the model's)"),
+    "monitor.check_mode": Key(
+        lambda v: isinstance(v, bool), "true or false", identity=False
+    ),  # a check of the settings, not a setting
+    "callbacks.early_stopping.patience": Key(*_int_at_least(0)),
+    "run_name": Key(*folder_name(), identity=False, folder=True),
+    "task_name": Key(*folder_name(), folder=True),
+    "resume": Key(*_one_of("auto", "never"), identity=False),
+    "trainer.precision": Key(*_one_of("auto", *PRECISIONS)),
+    "trainer.accelerator": Key(*_one_of(*ACCELERATORS)),
+    "trainer.max_epochs": Key(
+        lambda v: v is None or (is_int(v) and (v >= 1 or v == -1)),
+        "an integer >= 1 (or -1 for no limit)",
+    ),
+    "trainer.max_steps": Key(*_int_at_least(-1, " (or -1 for no limit)"), added=-1),
+    "trainer.accumulate_grad_batches": Key(*_int_at_least(1)),
+    "trainer.benchmark": Key(lambda v: v in ("auto", None) or isinstance(v, bool), "auto, true or false"),
+    "trainer.deterministic": Key(
+        lambda v: v is None or isinstance(v, bool) or v == "warn",
+        "true, false or warn",
+    ),
+    "trainer.gradient_clip_val": Key(
+        lambda v: v is None or (is_finite(v) and v >= 0), "a number >= 0 or null"
+    ),
+    "trainer.log_every_n_steps": Key(*_int_at_least(1), identity=False),
+    "data.batch_size": Key(*_int_at_least(1)),
+    "data.num_workers": Key(
+        lambda v: v == "auto" or (is_int(v) and v >= 0),
+        "auto or an integer >= 0",
+        identity=False,
+        loader=True,
+    ),
+    "data.pin_memory": Key(*_bool_or_auto(), identity=False, loader=True),
+    "data.non_blocking": Key(*_bool_or_auto(), identity=False, loader=True),
+    "data.on_device": Key(*_bool_or_auto(), identity=False, loader=True),
+    "data.persistent_workers": Key(
+        lambda v: isinstance(v, bool), "true or false", identity=False, loader=True
+    ),
+    "data.drop_last": Key(lambda v: isinstance(v, bool), "true or false"),
+    "data.prefetch_factor": Key(
+        lambda v: v is None or (is_int(v) and v >= 1), "an integer >= 1 or null", identity=False, loader=True
+    ),
+    "data.val_fraction": Key(lambda v: is_number(v) and 0 < v < 1, "a number between 0 and 1"),
+    "data.test_fraction": Key(lambda v: is_number(v) and 0 < v < 1, "a number between 0 and 1"),
+    "data.augment.crop_padding": Key(*_int_at_least(0)),
+    "data.augment.flip": Key(lambda v: isinstance(v, bool), "true or false"),
+    "model.optimizer.lr": Key(lambda v: is_finite(v) and v > 0, "a finite number > 0"),
+    "accel.matmul_precision": Key(*_one_of("highest", "high", "medium")),
+    "accel.channels_last": Key(*_bool_or_auto()),
+    "accel.compile": Key(lambda v: isinstance(v, bool), "true or false"),
+    "accel.compile_mode": Key(
+        *_one_of("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    ),
+    "accel.compile_backend": Key(
+        lambda v: v in torch.compiler.list_backends(exclude_tags=()),
+        "a torch.compile backend: " + ", ".join(torch.compiler.list_backends()),
+    ),
+    "accel.optimizer_impl": Key(*_one_of("auto", "torch", "fused", "foreach", "loop")),
+    "accel.flush_denormal": Key(*_bool_or_auto()),
+    "callbacks.nonfinite.action": Key(*_one_of("stop", "skip")),
+    "callbacks.nonfinite.check_every_n_steps": Key(*_int_at_least(1), identity=False),
+    "callbacks.nonfinite.max_consecutive_skips": Key(*_int_at_least(1)),
+    "callbacks.preemption.check_every_n_steps": Key(*_int_at_least(1)),
+    "callbacks.speed_report.warmup_steps": Key(
+        lambda v: v == "auto" or (is_int(v) and v >= 0),
+        "auto (until the step time settles) or an integer >= 0",
+    ),
+    "callbacks.speed_report.summary_depth": Key(*_int_at_least(-1, " (-1: every layer, 0: none)")),
+    "callbacks.rich_progress_bar.refresh_rate": Key(*_int_at_least(1, " (updates a second)")),
+    "logger.csv.save_dir": Key(lambda v: isinstance(v, str) and v != "", "a folder"),
+    "logger.tensorboard.save_dir": Key(lambda v: isinstance(v, str) and v != "", "a folder"),
+    "model.optimizer.name": Key(
+        lambda v: isinstance(v, str) and v != "", "a class in torch.optim, e.g. AdamW"
+    ),
+    "model.scheduler.name": Key(lambda v: isinstance(v, str) and v != "", "none, cosine or onecycle"),
+    "trainer.overfit_batches": Key(
+        lambda v: (is_int(v) and v >= 0) or (is_finite(v) and 0 <= v <= 1),
+        "a number of batches >= 0, or a fraction of them from 0 to 1",
+        added=0.0,
+    ),
+    "trainer.limit_train_batches": Key(*_batches(), added=1.0),
+    "trainer.limit_val_batches": Key(*_batches(), added=1.0),
+    "trainer.limit_test_batches": Key(*_batches(), added=1.0),
+    "trainer.profiler": Key(
+        lambda v: (
+            v is None
+            or v in ("simple", "advanced", "pytorch", "xla")
+            or (isinstance(v, Mapping) and "_target_" in v)
+        ),
+        "null, simple, advanced or pytorch, or a profiler's node with _target_",
+        added=None,
+    ),
+    "trainer.strategy": Key(
+        lambda v: (isinstance(v, str) and v != "") or (isinstance(v, Mapping) and "_target_" in v),
+        "a strategy's name (auto, ddp, ...) or its node with _target_",
+    ),
+    "shards.chunk_bytes": Key(
+        lambda v: (
+            (is_int(v) and v > 0)
+            or (isinstance(v, str) and re.fullmatch(r"[1-9]\d*\s*[KMG]B", v) is not None)
+        ),
+        "a size like 64MB (KB, MB or GB), or a number of bytes > 0",
+    ),
+    "callbacks.preemption.signals": Key(
+        lambda v: isinstance(v, Sequence) and all(s in _SIGNALS for s in v),
+        "a list of " + ", ".join(_SIGNALS),
+    ),
+    "hydra": Key(identity=False),
+    "paths": Key(identity=False),
+    "ckpt_path": Key(identity=False),
+    "test_after_fit": Key(identity=False),
+    "print_config": Key(identity=False),
+    "curves": Key(identity=False),
+    "logger": Key(identity=False),
+    "data.data_dir": Key(identity=False),
+    "data.mirrors": Key(identity=False),
+    "data.cache": Key(identity=False),  # image_folder: the same pixels, decoded once or on the fly
+    "trainer.enable_progress_bar": Key(identity=False),
+    "trainer.enable_model_summary": Key(identity=False),
+    "callbacks.rich_progress_bar": Key(identity=False),
+    "callbacks.model_summary": Key(identity=False),
+    "callbacks.speed_report": Key(identity=False),
+    "callbacks.lr_monitor": Key(identity=False),
+    "callbacks.preemption": Key(identity=False),
+    "callbacks.model_checkpoint.every_n_train_steps": Key(identity=False),
+    "trainer.fast_dev_run": Key(added=False),
+    "trainer.enable_checkpointing": Key(added=True),
+    "hydra.job.name": Key(folder=True),
+    "hydra.output_subdir": Key(folder=True),
+    "hydra.sweep.subdir": Key(folder=True),
+    "callbacks.model_summary.max_depth": Key(
+        retired="is now callbacks.speed_report.summary_depth: the speed report prints the model summary "
+        "(0: none)"
+    ),
+    "allowed_targets": Key(
+        retired="is no longer needed: the command line and conf/ may name any class; remove it "
+        "(from conf/local/default.yaml)"
+    ),
+}
