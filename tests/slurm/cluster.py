@@ -5,6 +5,7 @@ stopped again: exactly the processes started here."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -47,6 +48,7 @@ def cluster(folder: Path, cpus: int = 2) -> Iterator[dict[str, str]]:
         "@CTLD_PORT@": str(free_port()),
         "@SLURMD_PORT@": str(free_port()),
         "@CPUS@": str(cpus),
+        "@FIRST_JOB_ID@": str(random.Random(os.getpid()).randrange(1000, 9000, 100)),
     }
     text = (HERE / "slurm.conf.in").read_text()
     for name, value in values.items():

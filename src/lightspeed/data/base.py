@@ -254,7 +254,7 @@ class ArrayDataModule(L.LightningDataModule):
         labels) or of targets, with the train split's target statistics (a regressor standardises its
         targets by them; this loads the data). A data set whose models need other things says so by
         overriding it (`sort.py`: `vocab_size`, `block_size`)."""
-        args: dict[str, Any] = {"input_shape": list(self.input_shape)}
+        args: dict[str, Any] = {"input_shape": list(self.input_shape)} if hasattr(self, "input_shape") else {}
         if hasattr(self, "num_classes"):
             args["num_classes"] = self.num_classes
         if hasattr(self, "num_targets"):

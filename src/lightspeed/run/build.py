@@ -154,18 +154,16 @@ def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[st
 
 
 def _models_built_from(given: dict[str, Any]) -> list[str]:
-    """The options of conf/model/ whose model can be built (on the meta device: no memory) from `given`."""
+    """The options of conf/model/ whose model is built from `given` and takes the data's inputs: built and
+    run on the meta device (no memory), as `check_inputs_fit` does before training."""
     fit = []
     for path in sorted((CONF_DIR / "model").glob("*.yaml")):
-        node = OmegaConf.load(path)
+        cfg = OmegaConf.create({"model": OmegaConf.load(path)})
+        args = {k: v for k, v in given.items() if k not in cfg.model}
         try:
             with torch.device("meta"):
-                _instantiate(
-                    node,
-                    **{k: v for k, v in given.items() if k not in node},
-                    _convert_="all",
-                    _recursive_=False,
-                )
+                _instantiate(cfg.model, **args, _convert_="all", _recursive_=False)
+            check_inputs_fit(cfg, args)
         except Exception:  # not for this data, or not on the meta device: not named
             continue
         fit.append(path.stem)
