@@ -114,8 +114,8 @@ def test_keys_a_newer_lightspeed_added_at_their_defaults_are_no_difference(monke
 
 def test_the_default_runs_identity_is_pinned(train_cfg) -> None:
     """`make train` must land in the folder of the runs before this version, or they are not continued:
-    a key added to conf/ that changes what a run computes belongs in identity.ADDED_KEYS with its old
-    behaviour's value. Change the pin only when runs are meant to start over."""
+    a key added to conf/ that changes what a run computes gets `added=<its old behaviour's value>` in
+    schema.SCHEMA (identity.ADDED_KEYS is its view). Change the pin only when runs are meant to start over."""
     # 2026-12-01: b507fa05 (was 6b85900d): checkpoints and early stopping monitor val/acc, not val/loss; an
     # old run's best score (a loss) cannot be compared with an accuracy, so runs start over.
     # 2026-12-01 (later): 6f39af5f: one `monitor` for every consumer (the classifier's own default, val/acc)

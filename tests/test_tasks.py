@@ -368,3 +368,18 @@ def test_a_project_s_own_models_and_data_may_be_named_by_a_checkpoint_and_nothin
     assert not _repository_class("acme.models.nets.os.system", prefixes)
     assert not _repository_class("acme.tools.Net", prefixes)  # outside models/ and data/
     assert not _repository_class("torch.nn.Linear", prefixes)
+
+
+def test_only_the_model_class_s_own_binding_error_is_said_as_the_data_s(train_cfg) -> None:
+    """A TypeError from a layer the module builds (torch.nn.Linear missing out_features) is a setting of
+    conf/model (None: the generic line), not something the data should give."""
+    from lightspeed.data import DigitsDataModule
+    from lightspeed.run.build import _unfit
+
+    cfg, dm, given = train_cfg(), DigitsDataModule(), {"num_classes": 10, "input_shape": [1, 8, 8]}
+    layer = "Linear.__init__() missing 1 required positional argument: 'out_features'"
+    assert _unfit(layer, cfg, dm, given) is None
+    own = "Classifier.__init__() got an unexpected keyword argument 'num_targets'"
+    assert "(Classifier) takes no num_targets, which data=digits" in _unfit(
+        own, cfg, dm, {**given, "num_targets": 1}
+    )

@@ -73,6 +73,8 @@ def fits(data: str, model: str, log_dir: Path, prepare: Prepare | None = None) -
     a classifier from num_classes, a regressor from num_targets) and taking its inputs (a forward pass on
     the meta device), as `make train` builds it before training. `prepare(cfg, folder)` readies the data
     (a folder, fakes)."""
+    from hydra.errors import InstantiationException
+
     from lightspeed.core.config import ConfigError
     from lightspeed.run import build
     from lightspeed.run.entry import compose_config
@@ -87,7 +89,7 @@ def fits(data: str, model: str, log_dir: Path, prepare: Prepare | None = None) -
             return False
     try:
         build.model(cfg, build.datamodule(cfg))
-    except ConfigError:
+    except (ConfigError, InstantiationException):  # not for this data: its constructor says why
         return False
     return True
 

@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 TRAINING_FAILURE_EXIT = 3
 #: The ends every rank reaches at the same step: the run's own, and a preemption (agreed by a collective).
@@ -164,6 +165,8 @@ def process_group_released() -> Iterator[None]:
     rank may still be in a collective can hang (torchtitan#1342)."""
     try:
         yield
+    except SIGTERMException:  # Lightning's, from each rank's own flag: another may be in a collective
+        raise
     except SystemExit as stop:
         if stop.code in ENDED_TOGETHER:
             _destroy_process_group()

@@ -234,8 +234,8 @@ class ShardsDataModule(ArrayDataModule):
             )
 
     def model_args(self) -> dict[str, Any]:
-        """The source data set's, as `make shards` wrote them (shards written before 0.3.0 keep only its
-        attributes: those the engine then passed to a model of the shipped tasks)."""
+        """The source data set's, as `make shards` wrote them; shards written before they were kept give
+        what the engine then passed to the shipped tasks' models, from the attributes they kept."""
         if self._model_args is not None:
             return dict(self._model_args)
         if hasattr(self, "vocab_size"):

@@ -128,10 +128,15 @@ def model_args(dm: L.LightningDataModule) -> dict[str, Any]:
 
 def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any]) -> str | None:
     """A model whose constructor does not take what the data gives, or needs what it does not give, in
-    one line naming both (from the TypeError's `line`); None where a key of conf/model is at fault."""
+    one line naming both (from the TypeError's `line`); None where a key of conf/model is at fault, or
+    where the error is not the model class's own (a layer its constructor builds)."""
+    target = _import(cfg.model, "model")
+    own = [f"{c.__qualname__}.__init__()" for c in getattr(target, "__mro__", ())]
+    if not line.startswith(tuple(own)):
+        return None
     names = re.findall(r"'(\w+)'", line)
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-    model_ = _named(choices, "model", _import(cfg.model, "model"))
+    model_ = _named(choices, "model", target)
     data_ = _named(choices, "data", type(dm))
     fit = (
         ", ".join(f"model={m}" for m in _models_built_from(given) if m != choices.get("model")) or "model=..."

@@ -46,15 +46,15 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
     def _run(cfg: DictConfig) -> Any:
         route_to_run_log()
-        with process_group_released():
-            return task(cfg)  # Hydra sweepers read the return value
+        return task(cfg)  # Hydra sweepers read the return value
 
     def main() -> None:
         with exit_on_config_error():
             check_yaml_sizes()
             check_group_choices(sys.argv[1:])
             check_composes(config_name, sys.argv[1:])
-        _run()
+        with process_group_released():  # once a process: the jobs of a sweep in one rank share it
+            _run()
 
     return main
 

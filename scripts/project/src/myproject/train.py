@@ -1,6 +1,7 @@
 """`make train [KEY=VALUE ...]` (`python -m myproject.train`): train the model conf/ names on its data,
 test the best checkpoint, print the summary. Each step is one call of the engine (lightspeed.train.Run);
-edit what you need between them, or add callbacks of your own to CALLBACKS."""
+edit what you need between them (`cfg` is read-only inside the block: `run.plan` holds what was
+decided), or add callbacks of your own to CALLBACKS."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ CALLBACKS: list[L.Callback] = []
 def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> TrainResult:
     with Run(cfg) as run:  # checks the config, takes the run's folder, resolves accel's autos, seeds
         dm = run.datamodule()  # conf/data: your LightningDataModule (data/)
-        model = run.model(dm)  # conf/model: your LightningModule (models/), with num_classes etc. from dm
+        model = run.model(dm)  # conf/model: your LightningModule (models/), with dm.model_args()
         trainer = run.trainer([*CALLBACKS, *callbacks])  # conf/trainer, callbacks, logger; the guards
         run.fit(trainer, model, dm)  # resumes this run's newest checkpoint, if any
         return run.finish(trainer, model, dm)  # tests the best checkpoint, writes the summary
