@@ -383,3 +383,16 @@ def test_only_the_model_class_s_own_binding_error_is_said_as_the_data_s(train_cf
     assert "(Classifier) takes no num_targets, which data=digits" in _unfit(
         own, cfg, dm, {**given, "num_targets": 1}
     )
+
+
+def test_a_class_that_cannot_be_imported_is_one_line_saying_why(train_cfg, capsys) -> None:
+    """A typo in a `_target_`: the module that lacks the name, or the missing module, in one line (Hydra's
+    get_object printed its own ERROR lines first, and the last line of its message was the error)."""
+    for target, why in (
+        ("lightspeed.models.classifier.Classifer", "lightspeed.models.classifier has no Classifer"),
+        ("nothere.Classifier", "no module named nothere"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            train(train_cfg(*QUIET, f"model._target_={target}"))
+        assert stop.value.code == 2
+        assert one_line(capsys) == f"error: model._target_={target} cannot be imported ({why})"

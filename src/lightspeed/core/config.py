@@ -7,6 +7,7 @@ module checks the values that Hydra cannot know about (types, ranges, what this 
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
 import os
 import re
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR, CONF_DIRS
@@ -45,6 +45,27 @@ def exit_on_config_error() -> Iterator[None]:
 
 
 _ABSENT = object()
+
+
+def locate(path: str) -> Any:
+    """The object an import path names (`package.module.Class`), found as Hydra's `get_object` finds it,
+    but without its ERROR log line, and an ImportError that says why in one line: the missing module, or
+    the module that lacks the name. An error inside the module (a bug in it) keeps its traceback."""
+    names = path.split(".")
+    for cut in range(len(names), 0, -1):
+        module = ".".join(names[:cut])
+        try:
+            found = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name is not None and (module == err.name or module.startswith(f"{err.name}.")):
+                continue  # this prefix is no module: a shorter one may be, the rest its attributes
+            raise ImportError(str(err)) from None  # a module that it imports is missing
+        for name in names[cut:]:
+            if not hasattr(found, name):
+                raise ImportError(f"{module} has no {name}")
+            found, module = getattr(found, name), f"{module}.{name}"
+        return found
+    raise ImportError(f"no module named {names[0]}")
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -166,7 +187,7 @@ def _repository_class(target: str, prefixes: tuple[str, ...]) -> bool:
     if not target.startswith(prefixes):
         return False
     try:
-        found = get_object(target)
+        found = locate(target)
     except Exception:
         return False
     home = f"{getattr(found, '__module__', '') or ''}."

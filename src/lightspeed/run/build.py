@@ -11,7 +11,6 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
-from hydra.utils import get_object
 from hydra.utils import instantiate as _instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, LearningRateMonitor
@@ -22,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightspeed import CONF_DIR
 from lightspeed.compat import hooks
 from lightspeed.compat.callbacks import ModelCheckpoint
-from lightspeed.core.config import ConfigError
+from lightspeed.core.config import ConfigError, locate
 from lightspeed.models import nets
 from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import identity, resume
@@ -192,7 +191,7 @@ def _import(node: Any, where: str) -> Any:
     if not isinstance(target, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", target):
         raise ConfigError(f"{where}._target_={target!r} is not an import path: use module.Class")
     try:
-        found = get_object(target)
+        found = locate(target)
     except (ImportError, ValueError, AttributeError) as err:
         raise ConfigError(f"{where}._target_={target} cannot be imported ({err})") from None
     if not callable(found) or inspect.ismodule(found):

@@ -10,11 +10,10 @@ import re
 from typing import Any
 
 import lightning as L
-from hydra.utils import get_object
 from lightning.pytorch.utilities import rank_zero_warn
 from omegaconf import DictConfig, open_dict
 
-from lightspeed.core.config import ConfigError
+from lightspeed.core.config import ConfigError, locate
 
 #: Without a config value and without the module's own default: Lightning's convention.
 FALLBACK = {"metric": "val/loss", "mode": "min"}
@@ -51,7 +50,7 @@ def declared(cfg: DictConfig) -> dict[str, Any] | None:
     if node is None or "_target_" not in node:
         return None
     try:
-        found = getattr(get_object(str(node._target_)), "monitor", None)
+        found = getattr(locate(str(node._target_)), "monitor", None)
     except (ImportError, ValueError, AttributeError):
         return None  # building the model says why, in its own line
     return dict(found) if isinstance(found, dict) and {"metric", "mode"} <= set(found) else None

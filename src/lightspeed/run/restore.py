@@ -11,11 +11,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, check_checkpoint_path, check_data_targets
+from lightspeed.core.config import ConfigError, check_checkpoint_path, check_data_targets, locate
 from lightspeed.resilience import checkpoint, sharded
 
 
@@ -96,7 +95,7 @@ def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L
     for key in ("hyper_parameters", "hparams", "module_arguments"):  # and Lightning's older names for them
         check_data_targets(stored.get(key) or {}, f"{ckpt.name}'s hyperparameters")
     try:
-        found = get_class(str(name))
+        found = locate(str(name))
     except (ImportError, ValueError) as err:
         raise ConfigError(f"{where}: {name} cannot be imported ({err}): pass module=<its class>") from None
     if not (isinstance(found, type) and issubclass(found, L.LightningModule)):

@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import get_object
 from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, open_dict
 
+from lightspeed.core.config import locate
 from lightspeed.core.files import read_json, write_text_atomically
 
 TRACKING_FILE = "tracking.json"
@@ -28,7 +28,7 @@ def _kind(node: Any) -> type | None:
     if node is None or "_target_" not in node:
         return None
     try:
-        cls = get_object(str(node._target_))
+        cls = locate(str(node._target_))
     except (ImportError, ValueError, AttributeError):
         return None  # building it says why, in one line
     return next(
