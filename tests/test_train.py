@@ -370,7 +370,7 @@ def test_a_net_that_cannot_be_built_for_the_datas_shape_is_named_by_the_shapes_i
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "Traceback" not in err
     assert "(shape [1, 8, 8]): model.net conv1d_probe is built for inputs like (1, 40)" in err
-    flat = train(train_cfg("model=mlp", "data=synthetic", "data.shape=[64]", "data.batch_size=32", *QUIET))
+    flat = train(train_cfg("model=mlp", "data=synthetic", "data.shape=[64]", "data.batch_size=32", *TINY))
     assert flat.trainer.global_step > 0 and flat.model.hparams["input_shape"] == [
         64
     ]  # an MLP takes any shape
