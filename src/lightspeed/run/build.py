@@ -147,8 +147,10 @@ def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[st
         )
     if "missing" in line and names:
         said = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-        has = ", ".join(given) if given else "none" if hasattr(dm, "model_args") else ""
-        has = f"its model_args() gives {has}" if has else "it has no model_args()"
+        if given or hasattr(dm, "model_args"):
+            has = f"its model_args() gives {', '.join(given) or 'none'}"
+        else:
+            has = "it has no model_args()"
         them = "them" if len(names) > 1 else "it"
         return (
             f"{model_} is built from {said}, which {data_} does not give ({has}): choose a model for this "
