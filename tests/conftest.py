@@ -7,12 +7,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 from omegaconf import DictConfig
 
 from lightspeed.core.logs import silence_known_noise
+from lightspeed.run import entry
 from lightspeed.run.entry import compose_config
 from lightspeed.testing import QUIET
 
@@ -109,6 +111,17 @@ def run_module(module: str, *args: str, cwd: Path, timeout: float = 240) -> subp
         text=True,
         timeout=timeout,
     )
+
+
+def command_line(args: list[str], log_dir: Path, config_name: str = "train") -> list[DictConfig]:
+    """`python -m lightspeed.<config_name> <args>` in process, up to its task: Hydra's one composition and
+    the checks before any folder (`entry.run`), a ConfigError where the command line prints one line; the
+    configs its task (each job's, in a sweep) would get. Hydra leaves the test's logging alone."""
+    got: list[DictConfig] = []
+    quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+    with mock.patch.object(sys, "argv", ["lightspeed", *args, f"paths.log_dir={log_dir}", *quiet]):
+        entry.run(config_name, got.append)
+    return got
 
 
 def run_ddp_cpu(tmp_path: Path, *overrides: str, probe: bool = True) -> subprocess.CompletedProcess[str]:

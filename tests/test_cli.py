@@ -6,14 +6,14 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import LIMIT, REPO, run_module
+from conftest import LIMIT, REPO, command_line, run_module
+from lightspeed import CONF_DIR
 from lightspeed.core.config import ConfigError
-from lightspeed.run import entry
-from lightspeed.run.entry import check_composes
 
 QUIET = [
     "trainer.num_sanity_val_steps=0",
@@ -40,33 +40,49 @@ def test_a_bad_value_fails_with_one_clear_line_and_exit_2(tmp_path: Path) -> Non
     assert not list(tmp_path.glob("train/runs/*/checkpoints"))  # nothing started
 
 
-def test_a_mistyped_key_is_named_with_the_fix() -> None:
+def test_a_mistyped_key_is_named_with_the_fix(tmp_path: Path) -> None:
     """In process: the command line runs this check before Hydra starts (a CLI example: the tests above
     and test_nothing_lost.py's folder names)."""
     with pytest.raises(ConfigError) as err:
-        check_composes("train", ["trainer.max_epoch=3"])
+        command_line(["trainer.max_epoch=3"], tmp_path)
     assert str(err.value) == (
         "trainer.max_epoch is not a setting: did you mean trainer.max_epochs? "
         "to add a key of your own: +trainer.max_epoch=3"
     )
 
 
-@pytest.mark.parametrize(
-    ("args", "composed"),
-    [([], 1), (["model=mlp", "~callbacks.lr_monitor"], 1), (["trainer.max_epochs=3"], 2)],
-)
-def test_the_check_before_hydra_composes_the_types_only_for_values_of_the_command_line(
-    monkeypatch, args: list[str], composed: int
+@pytest.mark.parametrize("args", [[], ["model=mlp", "~callbacks.lr_monitor"], ["trainer.max_epochs=3"]])
+def test_hydra_composes_a_run_as_often_as_a_bare_hydra_app(
+    monkeypatch, tmp_path: Path, args: list[str]
 ) -> None:
-    """Options alone (`make train`, `model=mlp`) compose once before Hydra does; a value (`x=3`) once
-    more, without the values, for the types it must keep. A wrong type is still one line."""
+    """Options alone (`make train`, `model=mlp`) and values (`x=3`): the engine composes nothing of its
+    own; the checks read what Hydra composed (a value's type from the chosen options' files). Hydra's
+    `main` itself composes twice (once for `hydra.mode`, once for the run): a bare app is the measure. A
+    wrong type is still one line."""
+    import hydra
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
     calls = []
-    real = entry.compose
-    monkeypatch.setattr(entry, "compose", lambda *a, **k: calls.append(a) or real(*a, **k))
-    check_composes("train", args)
-    assert len(calls) == composed
-    with pytest.raises(ConfigError, match=r"^trainer.max_epochs="):
-        check_composes("train", ["trainer.max_epochs=many"])
+    real = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(
+        ConfigLoaderImpl, "load_configuration", lambda *a, **k: calls.append(a) or real(*a, **k)
+    )
+    assert len(command_line(args, tmp_path)) == 1
+    ours, calls[:] = len(calls), []
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+    def bare(cfg) -> None:
+        pass
+
+    argv = ["bare", *args, f"paths.log_dir={tmp_path}", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", argv)
+    bare()
+    assert ours == len(calls) == 2
+    with pytest.raises(ConfigError, match=r"^trainer.max_epochs='many' is invalid"):
+        command_line(["trainer.max_epochs=many"], tmp_path)
+    own_type = r"^model.net.n_embd='abc' is invalid: use an integer \(its default is 64\)"  # its type
+    with pytest.raises(ConfigError, match=own_type):
+        command_line(["experiment=sort_gpt", "model.net.n_embd=abc"], tmp_path)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Every key a user can set, given wrong types, extremes and unicode: each case ends as a run (exit 0), or in
 one line (exit 2 for a setting, 3 for a training failure it explains), never in a traceback. As the command
-line runs it, in process: the checks before Hydra (`check_composes`), then `train` on one batch.
+line runs it, in process: Hydra's composition and the checks (`conftest.command_line`), then `train` on one
+batch.
 
 The fast suite runs a seeded sample of the cases (a different sample each day, printed on failure); the
 slow suite runs them all."""
@@ -13,9 +14,9 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import TINY
+from conftest import TINY, command_line
 from lightspeed.core.config import exit_on_config_error, flat_keys
-from lightspeed.run.entry import check_composes, compose_config
+from lightspeed.run.entry import compose_config
 from lightspeed.train import train
 
 #: What a careless hand, a script or an attacker might type for any value.
@@ -48,11 +49,11 @@ def _scratch():
 CASES = [f"{k}={v}" for k in keys() for v in VALUES]
 
 
-def run_case(override: str, train_cfg, capsys) -> tuple[int, list[str]]:
+def run_case(override: str, train_cfg, capsys, log_dir) -> tuple[int, list[str]]:
     """The exit code and stderr lines of `make train debug=fdr <override>`."""
     try:
         with exit_on_config_error():
-            check_composes("train", ["debug=fdr", *QUIET, override])
+            command_line(["debug=fdr", *QUIET, override], log_dir)
         train(train_cfg("debug=fdr", *QUIET, override))
     except SystemExit as stop:
         return int(stop.code or 0), capsys.readouterr().err.strip().splitlines()
@@ -61,7 +62,7 @@ def run_case(override: str, train_cfg, capsys) -> tuple[int, list[str]]:
 
 def check(override: str, train_cfg, capsys, monkeypatch, tmp_path) -> None:
     monkeypatch.chdir(tmp_path)  # a relative path a value makes lands here
-    code, err = run_case(override, train_cfg, capsys)
+    code, err = run_case(override, train_cfg, capsys, tmp_path / "checks")
     assert code in (0, 2, 3), (override, code, err)
     if code:
         lines = [line for line in err if line.startswith("error: ")]

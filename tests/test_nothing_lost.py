@@ -21,7 +21,7 @@ import lightning as L
 import pytest
 import torch
 
-from conftest import LIMIT, REPO, TINY, run_module
+from conftest import LIMIT, REPO, TINY, command_line, run_module
 from lightspeed import CONF_DIR
 from lightspeed.core import config
 from lightspeed.core.config import (
@@ -35,7 +35,7 @@ from lightspeed.core.failures import exit_on_failure
 from lightspeed.eval import run as evaluate
 from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
-from lightspeed.run.entry import check_composes
+from lightspeed.run.entry import check_flags
 from lightspeed.train import Run, train
 from probes import Fault
 
@@ -372,12 +372,12 @@ def test_a_checkpoint_whose_tensor_claims_more_than_its_file_holds_is_passed_ove
         ["--config-dir", "/tmp", "run_name=.."],
         ["-m", "run_name=..", "seed=1,2"],
         ["-m", "run_name=ok,../../x"],  # a swept value: each job's name is checked
-        ["-m", "hydra.sweep.subdir=x,.."],
+        ["-m", "hydra.sweep.subdir=..", "seed=1,2"],
         ["hydra.mode=MULTIRUN", "run_name=a,.."],
     ],
 )
 def test_names_that_would_leave_their_folder_are_refused_as_resolved_before_any_folder_is_made(
-    args: list[str], monkeypatch
+    args: list[str], monkeypatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("LIGHTSPEED_TEST_ESCAPE", "../..")
     key = (
@@ -386,7 +386,7 @@ def test_names_that_would_leave_their_folder_are_refused_as_resolved_before_any_
         .split("=")[0]
     )
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.* \(as resolved\) is invalid"):
-        check_composes("train", args)  # what the command line runs before Hydra makes any folder
+        command_line(args, tmp_path)  # what the command line runs before Hydra makes any folder
 
 
 def test_an_option_that_config_dir_adds_is_an_option(tmp_path: Path) -> None:
@@ -394,16 +394,16 @@ def test_an_option_that_config_dir_adds_is_an_option(tmp_path: Path) -> None:
     (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\ntrainer:\n  max_epochs: 1\n")
     args = ["--config-dir", str(tmp_path), "experiment=mine"]
     check_group_choices(args)  # found in the added folder
-    check_composes("train", args)
+    command_line(args, tmp_path)
     with pytest.raises(ConfigError, match=r"^experiment=mine is not an option"):
         check_group_choices(["experiment=mine"])
 
 
 def test_hydra_flags_that_would_read_other_configs_or_unpickle_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"^--experimental-rerun is not supported: it unpickles a file"):
-        check_composes("train", ["--experimental-rerun", "logs/x/.hydra/config.pickle"])
+        check_flags(["--experimental-rerun", "logs/x/.hydra/config.pickle"])
     with pytest.raises(ConfigError, match=r"^--config-path is not supported here: use --config-dir"):
-        check_composes("train", ["--config-path", "/tmp"])
+        check_flags(["--config-path", "/tmp"])
 
 
 @pytest.mark.slow  # the command line's path to the check above (~7 s: a fresh process)
@@ -431,12 +431,12 @@ def test_the_command_line_may_name_any_class_as_code_the_user_runs(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_what_hydra_itself_instantiates_from_the_command_line_passes_the_checks() -> None:
+def test_what_hydra_itself_instantiates_from_the_command_line_passes_the_checks(tmp_path: Path) -> None:
     """The allow-list is gone for trusted input: Hydra's callbacks, launchers and sweepers, and Python's
     logging handlers, as the user names them (the checks before Hydra still compose and check names)."""
-    check_composes("train", ["+hydra.callbacks.x._target_=hydra.experimental.callbacks.LogJobReturnCallback"])
-    check_composes("train", ["-m", "seed=1,2", "hydra/launcher=basic", "hydra/sweeper=basic"])
-    check_composes("train", ["+hydra.job_logging.handlers.x.class=logging.NullHandler"])
+    command_line(["+hydra.callbacks.x._target_=hydra.experimental.callbacks.LogJobReturnCallback"], tmp_path)
+    command_line(["-m", "seed=1,2", "hydra/launcher=basic", "hydra/sweeper=basic"], tmp_path)
+    command_line(["+hydra.job_logging.handlers.x.class=logging.NullHandler"], tmp_path)
 
 
 def test_a_checkpoint_cannot_make_the_checkpoint_callback_delete_a_file_outside_its_folder(
@@ -483,21 +483,21 @@ def test_an_allow_list_of_an_earlier_version_is_one_line(train_cfg, capsys) -> N
 
 
 def test_a_key_a_release_renamed_is_one_line_naming_its_new_name_wherever_it_is_set(
-    train_cfg, monkeypatch
+    train_cfg, monkeypatch, tmp_path: Path
 ) -> None:
     """On the command line (the old key is no longer in the config: Hydra refuses it) and in a yaml file
     (merged into the composed config, `+` here: what nothing would read): never silently ignored."""
     line = "was renamed accel.compile_knob (0.3): use accel.compile_knob=<value>"
     monkeypatch.setitem(config.RETIRED, "accel.old_knob", line)
     with pytest.raises(ConfigError, match=rf"^accel.old_knob {re.escape(line)}$"):
-        check_composes("train", ["accel.old_knob=1"])
+        command_line(["accel.old_knob=1"], tmp_path)
     with pytest.raises(ConfigError, match=rf"^accel.old_knob {re.escape(line)}$"):
         check_known_keys(train_cfg("+accel.old_knob=1"), "train")
     check_known_keys(train_cfg("+accel.other_knob=1"), "train")  # a key of the user's own stays theirs
 
 
 def test_the_model_summary_s_old_key_names_the_speed_report_s_and_a_user_s_own_summary_stays(
-    train_cfg,
+    train_cfg, tmp_path: Path
 ) -> None:
     """0.2 prints the model summary from the speed report: `callbacks.model_summary.max_depth=3` (and
     `callbacks.model_summary=null`, of the quiet test lists) is one line naming the new key; a
@@ -505,7 +505,7 @@ def test_the_model_summary_s_old_key_names_the_speed_report_s_and_a_user_s_own_s
     new = "callbacks.speed_report.summary_depth"
     for old in ("callbacks.model_summary.max_depth=3", "callbacks.model_summary=null"):
         with pytest.raises(ConfigError, match=rf"^callbacks.model_summary\S* *.*is now {new}:"):
-            check_composes("train", [old])
+            command_line([old], tmp_path)
     own = "+callbacks.model_summary={_target_:lightning.pytorch.callbacks.ModelSummary,max_depth:3}"
     check_known_keys(train_cfg(own), "train")
 
@@ -673,8 +673,8 @@ BAD_INPUTS = [
     # (overrides, the start of the one line)
     (
         ["callbacks=none", "callbacks.early_stopping.patience=3"],
-        "callbacks.early_stopping.patience is not a setting with the options chosen here (the defaults "
-        "have it)",
+        "callbacks.early_stopping.patience is not a setting with the options chosen here (another option "
+        "has it)",
     ),
     (["ckpt_path=/dev/zero"], "ckpt_path=/dev/zero is not a regular file (a fifo, a device)"),
     (["trainer.max_epoch=3"], "trainer.max_epoch is not a setting: did you mean trainer.max_epochs?"),
@@ -691,7 +691,7 @@ BAD_INPUTS = [
     (["data.batch_size=６４"], "data.batch_size=６４ cannot be read"),
     (
         ["model.optimizer.momentum=0.9"],
-        "model.optimizer.momentum is not a setting (model.optimizer has lr, name",
+        "model.optimizer.momentum is not a setting with the options chosen here (another option has it)",
     ),
     (["trainer.val_check_interval=0"], "trainer.val_check_interval=0 is invalid"),
     (["model.optimizer.weight_decay=-1"], "model.optimizer.weight_decay=-1 is invalid"),
@@ -743,7 +743,7 @@ def bad_experiment() -> Iterator[None]:
 @pytest.mark.xdist_group("writes_conf")
 @pytest.mark.parametrize(("overrides", "line"), BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
 def test_a_bad_input_is_one_line_and_exit_2_before_any_training(
-    train_cfg, run_dir: Path, capsys, request, overrides: list[str], line: str
+    train_cfg, run_dir: Path, capsys, request, overrides: list[str], line: str, tmp_path: Path
 ) -> None:
     """As `python -m lightspeed.train <overrides>` runs them, in process: the checks before Hydra's run,
     then the task. (tests/test_cli.py runs the command line itself.)"""
@@ -752,8 +752,7 @@ def test_a_bad_input_is_one_line_and_exit_2_before_any_training(
 
     def run() -> None:
         with exit_on_config_error():
-            check_group_choices(overrides)
-            check_composes("train", overrides)
+            command_line(overrides, tmp_path)
         train(
             train_cfg(
                 *overrides, "trainer.max_epochs=1" if "epochs" not in str(overrides) else "seed=1", *QUIET
@@ -782,10 +781,10 @@ def test_a_yaml_alias_bomb_in_conf_is_one_line_before_hydra_builds_it(tmp_path: 
     check_yaml_sizes()  # the repository's own
 
 
-def test_hydra_mode_multirun_is_a_sweep_too() -> None:
+def test_hydra_mode_multirun_is_a_sweep_too(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="Ambiguous value"):  # a swept value outside a sweep
-        check_composes("train", ["seed=1,2"])
-    check_composes("train", ["hydra.mode=MULTIRUN", "seed=1,2"])  # a sweep: each job checks its own value
+        command_line(["seed=1,2"], tmp_path)
+    command_line(["hydra.mode=MULTIRUN", "seed=1,2"], tmp_path)  # a sweep: each job checks its own value
 
 
 def test_a_launcher_whose_plugin_is_missing_is_one_line_naming_the_extra(monkeypatch) -> None:
@@ -797,8 +796,8 @@ def test_a_launcher_whose_plugin_is_missing_is_one_line_naming_the_extra(monkeyp
     )
     for launcher in ("slurm", "local"):
         with pytest.raises(ConfigError, match=rf"^hydra/launcher={launcher} needs .* EXTRAS=dev,cluster"):
-            check_composes("train", ["-m", f"hydra/launcher={launcher}", "seed=1,2"])
-    check_composes("train", ["-m", "hydra/launcher=basic", "seed=1,2"])  # Hydra's own: no plugin
+            check_flags(["-m", f"hydra/launcher={launcher}", "seed=1,2"])
+    check_flags(["-m", "hydra/launcher=basic", "seed=1,2"])  # Hydra's own: no plugin
 
 
 def test_fsdp_on_a_cpu_is_one_line_naming_what_works_there(train_cfg) -> None:

@@ -331,7 +331,7 @@ def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
     parent, _, leaf = key.rpartition(".")
     siblings = sorted({k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent} - {"defaults"})
     if leaf in siblings:  # in the default composition, not in this one: another option left it out
-        return f"{key} is not a setting with the options chosen here (the defaults have it): {fix}"
+        return f"{key} is not a setting with the options chosen here (another option has it): {fix}"
     close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.7)
     where = f"{parent}." if parent else ""
     if close:
@@ -349,7 +349,7 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
     known = known - {"defaults", "hydra"}
     check_retired(cfg)
     for key in cfg:
-        if key not in known:
+        if key not in known and key != "hydra":
             raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
 
 
@@ -387,44 +387,39 @@ def _expanded(node: Any, sizes: dict[int, int]) -> int:
     return sizes[id(node)]
 
 
-def check_types(cfg: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> None:
-    """Every value of the run's config (a container, interpolations as written) has the type of its
-    default in `schema` (the same options composed without the command line's values): the defaults are
-    the schema, one for every key a user can set. A key with a check of its own (`schema.SCHEMA`: several
-    types, ranges) is checked by it; a default of null or `auto` says no type; null switches a key off."""
-    for key, value in cfg.items():
-        if key not in schema:
-            continue
-        name, default = f"{prefix}{key}", schema[key]
-        if isinstance(value, dict) and isinstance(default, dict):
-            check_types(value, default, f"{name}.")
-            continue
-        if isinstance(value, str) and value.startswith("${"):
-            continue  # an interpolation: its target is checked where it is set
-        if name in _RULES:
-            ok, allowed = _RULES[name]
-            if not ok(value):
-                raise ConfigError(f"{name}={value!r} is invalid: use {allowed}")
-            continue
-        if default is None or default == "auto" or value is None:
-            continue
-        kinds = (
-            ((bool,), "true or false")
-            if isinstance(default, bool)
-            else ((int,), "an integer")
-            if isinstance(default, int)
-            else ((int, float), "a number")
-            if isinstance(default, float)
-            else ((str,), "a string")
-            if isinstance(default, str)
-            else ((list,), "a list")
-            if isinstance(default, list)
-            else ((dict,), "a mapping")
-        )
-        types, said = kinds
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            was = json.dumps(default)
-            raise ConfigError(f"{name}={value!r} is invalid: use {said} (its default is {was})")
+def check_type(key: str, value: Any, default: Any) -> None:
+    """A command-line value has the type of its default (`entry._Defaults`: the chosen options' files). A
+    key with a check of its own (`schema.SCHEMA`: several types, ranges) is checked by it; a default of
+    null or `auto` says no type; null switches a key off; an interpolation is checked where it points."""
+    if isinstance(value, str) and value.startswith("${"):
+        return
+    if key in _RULES:
+        ok, allowed = _RULES[key]
+        if not ok(value):
+            raise ConfigError(f"{key}={value!r} is invalid: use {allowed}")
+        return
+    if default is None or default == "auto" or value is None:
+        return
+    if isinstance(value, dict) and isinstance(default, dict):
+        for name, inner in value.items():
+            check_type(f"{key}.{name}", inner, default.get(name))
+        return
+    said = next(s for t, s in _KINDS if isinstance(default, t))
+    types = next(t for t, _ in _KINDS if isinstance(default, t))
+    types = (int, float) if types is float else types
+    if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):
+        raise ConfigError(f"{key}={value!r} is invalid: use {said} (its default is {json.dumps(default)})")
+
+
+#: A default's type and how a line says it (bool before int: a bool is an int).
+_KINDS = (
+    (bool, "true or false"),
+    (int, "an integer"),
+    (float, "a number"),
+    (str, "a string"),
+    (list, "a list"),
+    (dict, "a mapping"),
+)
 
 
 def check_folder_names(cfg: DictConfig) -> None:

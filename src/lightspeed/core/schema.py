@@ -5,7 +5,7 @@ whether it belongs to a run's identity, whether it names a folder, whether it is
 key a release added or retired, what keeps older runs and configs working. Every consumer reads its facts
 from here (`config`: the checks, the folder names, the retired keys; `identity`: what enters a run's hash;
 `accel` and `eval`: the loader settings): no key is named in a second table. A key without a record is
-checked against its default's type (`config.check_types`).
+checked against its default's type (`config.check_type`).
 
 Why records of our own, not Hydra structured configs or pydantic: the config's groups are open (a
 project's models and data sets bring keys the engine cannot type), a range or a choice is more than a

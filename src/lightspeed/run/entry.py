@@ -1,9 +1,11 @@
-"""What every command-line entry point does around its task: check the group options, let Hydra
-compose the config, route logs to the run directory."""
+"""What every command-line entry point does around its task: refuse what cannot run before Hydra makes a
+folder, let Hydra compose the config once, reword its errors in one line, route logs to the run dir."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -16,17 +18,18 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from lightspeed import CONF_DIR
+from lightspeed import CONF_DIR, CONF_DIRS
 from lightspeed.core.config import (
     FOLDER_KEYS,
     ConfigError,
     check_folder_names,
     check_group_choices,
     check_known_keys,
-    check_types,
+    check_type,
     check_yaml_sizes,
     exit_on_config_error,
     flat_keys,
@@ -43,150 +46,184 @@ register_resolver()
 def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable[[], None]:
     """A `main()` that runs `task` on `conf/<config_name>.yaml` composed with the command line."""
 
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
-    def _run(cfg: DictConfig) -> Any:
-        route_to_run_log()
-        return task(cfg)  # Hydra sweepers read the return value
-
     def main() -> None:
         with exit_on_config_error():
-            check_yaml_sizes()
-            check_group_choices(sys.argv[1:])
-            check_composes(config_name, sys.argv[1:])
-        with process_group_released():  # once a process: the jobs of a sweep in one rank share it
-            _run()
+            run(config_name, task)
 
     return main
 
 
-#: Hydra's flags that run no task (they print, or complete a shell): nothing to check before them.
-_NO_RUN = {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc"}
-#: Flags that take a value: the value is not an override.
-_WITH_VALUE = {
-    "--config-dir",
-    "-cd",
-    "--config-name",
-    "-cn",
-    "--cfg",
-    "-c",
-    "--package",
-    "-p",
-    "--info",
-    "-i",
-}
+def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
+    """Run `task` as `python -m lightspeed.<config_name> <sys.argv>` does. Hydra composes once; what it
+    rejects, and what `Checks` refuses on the composed config before any folder is made, is a ConfigError
+    of one line. An error once the task has started is the task's own."""
+    args = sys.argv[1:]
+    check_yaml_sizes()
+    check_group_choices(args)
+    check_flags(args)
+    started = []
 
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
+    def _run(cfg: DictConfig) -> Any:
+        started.append(True)
+        route_to_run_log()
+        return task(cfg)  # Hydra sweepers read the return value
 
-def check_composes(config_name: str, args: list[str]) -> None:
-    """Compose the config as Hydra will, with the same flags (`-m`, `-r`, `--config-dir`, `--config-name`),
-    and turn what Hydra would print as a dozen lines (a mistyped key, an override it cannot parse) into one
-    ConfigError line; check the names that become folders as resolved, before Hydra makes any. A sweep's
-    (`-m`) swept overrides are left out (each job checks its own values)."""
-    config_name, flags, overrides, extra_dirs = _parse(config_name, args)
-    if flags & _NO_RUN:
-        return
-    _check_launcher_installed(overrides)
-    sweep = bool(flags & {"-m", "--multirun"}) or any(a.lstrip("+").startswith("hydra.mode=") for a in args)
-    swept = [a for a in overrides if _swept(a) or a.lstrip("+").startswith("hydra.mode=")] if sweep else []
-    overrides = [a for a in overrides if a not in swept]
-    search = [_searchpath(config_name, extra_dirs)] if extra_dirs else []
-    choices = [o for o in overrides if _is_choice(o)]  # the options, without the command line's values
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of printing a dozen lines
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name, overrides=[*search, *overrides], return_hydra_config=True)
-            # the types the options declare, without the command line's values (none: the same config)
-            schema = compose(config_name, overrides=[*search, *choices]) if choices != overrides else None
-            for job in _swept_folder_names(swept):  # each job's folder names, as that job resolves them
-                check_folder_names(compose(config_name, [*search, *overrides, job], return_hydra_config=True))
-        check_folder_names(cfg)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(composition_error(err, overrides, config_name)) from None
+        with process_group_released():  # once a process: the jobs of a sweep in one rank share it
+            return _run()
+    except (_Refused, HydraException, OmegaConfBaseException) as caught:
+        err = caught.error if isinstance(caught, _Refused) else caught
+        if started or not isinstance(err, (ConfigError, HydraException, OmegaConfBaseException)):
+            raise err from None
+        raise err if isinstance(err, ConfigError) else ConfigError(composition_error(err, args)) from None
     finally:
         GlobalHydra.instance().clear()
-    with open_dict(cfg):
-        del cfg.hydra
-    check_known_keys(cfg, config_name)
-    if schema is not None:
-        check_types(OmegaConf.to_container(cfg, resolve=False), OmegaConf.to_container(schema, resolve=False))
 
 
-def _parse(config_name: str, args: list[str]) -> tuple[str, set[str], list[str], list[str]]:
-    """Hydra's command line as (config name, flags, overrides, `--config-dir` folders)."""
-    flags, overrides, extra_dirs = set(), [], []
+class _Refused(BaseException):
+    """An error out of a Hydra callback: Hydra turns a callback's Exception into a warning and goes on, a
+    BaseException passes."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Checks(Callback):
+    """Hydra's callback (hydra/default.yaml) that checks the composed config before Hydra makes the run's
+    folder: the names that become folders as resolved (each job's, for a sweep's swept names), the keys
+    added at the top level, and the command line's values against the type of their defaults."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            _check(config)
+        except Exception as err:
+            raise _Refused(err) from None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            _check(config)
+            _check_swept_folder_names(config)
+        except Exception as err:
+            raise _Refused(err) from None
+
+
+def _check_swept_folder_names(config: DictConfig) -> None:
+    """Each job's names that become folders, as that job resolves them."""
+    for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
+        if override.is_sweep_override() and override.key_or_group in FOLDER_KEYS:
+            for value in override.sweep_string_iterator():
+                job = copy.deepcopy(config)
+                with read_write(job), open_dict(job):
+                    OmegaConf.update(job, override.key_or_group, value)
+                check_folder_names(job)
+
+
+def _check(config: DictConfig) -> None:
+    check_folder_names(config)
+    check_known_keys(config, str(config.hydra.job.config_name))
+    defaults = _Defaults(config)
+    for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
+        key = override.key_or_group
+        if override.is_sweep_override() or override.is_delete() or key.startswith("hydra") or is_group(key):
+            continue  # a swept value is checked by its job; an option is a file Hydra found
+        value = OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
+        check_type(key, _plain(value), defaults.get(key))
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=False) if OmegaConf.is_config(value) else value
+
+
+class _Defaults:
+    """A key's default as the chosen options' own files say it (the experiment's first, then its group's
+    option, then the primary config), read as plain yaml, not composed again: the type that a value of the
+    command line must keep."""
+
+    def __init__(self, config: DictConfig) -> None:
+        runtime = config.hydra.runtime
+        self.folders = [f for s in runtime.config_sources if (f := _source_folder(s)) is not None]
+        self.choices = {k: v for k, v in runtime.choices.items() if v is not None and "/" not in k}
+        self.primary = f"{config.hydra.job.config_name}.yaml"
+
+    def _select(self, name: str, path: str) -> Any:
+        for folder in self.folders:
+            if (folder / name).is_file():
+                found = _plain(OmegaConf.load(folder / name))  # as written: its interpolations unresolved
+                for part in path.split("."):
+                    found = found.get(part, _ABSENT) if isinstance(found, dict) else _ABSENT
+                return found
+        return _ABSENT
+
+    def get(self, key: str) -> Any:
+        """The default of `key`, or None where no file sets it (an added key: no type to keep)."""
+        group, _, rest = key.partition(".")
+        pairs = (("experiment", key), (group, rest))
+        tries = [(f"{g}/{self.choices[g]}.yaml", path) for g, path in pairs if g in self.choices and path]
+        for name, path in [*tries, (self.primary, key)]:
+            found = self._select(name, path)
+            if found is not _ABSENT:
+                return found
+        return None
+
+
+_ABSENT = object()
+
+
+def _source_folder(source: Any) -> Path | None:
+    """A folder of Hydra's search path: a `file://` one, or the package a `pkg://` one names."""
+    if source.schema == "file":
+        return Path(source.path)
+    if source.schema != "pkg":
+        return None
+    spec = importlib.util.find_spec(source.path.replace("/", "."))
+    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
+
+
+#: Flags that take a value: the value is not an override.
+_WITH_VALUE = {"--config-dir", "-cd", "--config-name", "-cn", "--cfg", "-c", "--package", "-p", "--info"}
+
+
+def check_flags(args: list[str]) -> None:
+    """Refuse Hydra's flags that would read configs from elsewhere or unpickle a file, and a launcher
+    whose plugin (an extra) is not installed, in one line each."""
     rest = iter(args)
     for arg in rest:
-        flag, eq, value = arg.partition("=")
+        flag, eq, _ = arg.partition("=")
         if not arg.startswith("-"):
-            overrides.append(arg)
-            continue
-        flags.add(flag)
-        if flag in _WITH_VALUE and not eq:
-            value = next(rest, "")
-        if flag in ("--config-dir", "-cd"):
-            extra_dirs.append(str(Path(value).resolve()))
-        elif flag in ("--config-name", "-cn"):
-            config_name = value
+            _check_launcher_installed(arg)
+        elif flag in _WITH_VALUE and not eq:
+            next(rest, "")
         elif flag in ("--config-path", "-cp"):
             raise ConfigError(f"{flag} is not supported here: use --config-dir <folder> to add configs")
         elif flag == "--experimental-rerun":  # it unpickles a file: data must not choose code
             raise ConfigError("--experimental-rerun is not supported: it unpickles a file; rerun the command")
-    return config_name, flags, overrides, extra_dirs
 
 
-def _searchpath(config_name: str, extra_dirs: list[str]) -> str:
-    """`--config-dir` as an override of hydra.searchpath: the added folders ahead of the primary config's
-    own entries (the engine's groups), which Hydra keeps when it adds a --config-dir itself."""
-    found = [p for d in (CONF_DIR, *map(Path, extra_dirs)) if (p := d / f"{config_name}.yaml").is_file()]
-    primary = OmegaConf.load(found[0]) if found else OmegaConf.create()  # none: Hydra's own error says so
-    own = list(OmegaConf.select(primary, "hydra.searchpath", default=None) or [])
-    return f"hydra.searchpath=[{','.join([*(f'file://{d}' for d in extra_dirs), *own])}]"
-
-
-def _check_launcher_installed(overrides: list[str]) -> None:
+def _check_launcher_installed(override: str) -> None:
     """The engine's hydra/launcher/{slurm,local}.yaml build on hydra-submitit-launcher, an extra: without
     it, one line naming the install instead of Hydra's "Could not find 'hydra/launcher/submitit_slurm'"."""
-    for override in overrides:
-        key, _, value = override.lstrip("+").partition("=")
-        if key != "hydra/launcher" or value not in ("slurm", "local"):
-            continue
-        if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
-            raise ConfigError(
-                f"hydra/launcher={value} needs Hydra's submitit launcher, which is not installed: "
-                "make install EXTRAS=dev,cluster (or pip install hydra-submitit-launcher)"
-            )
+    key, _, value = override.lstrip("+").partition("=")
+    missing = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None
+    if key == "hydra/launcher" and value in ("slurm", "local") and missing:
+        raise ConfigError(
+            f"hydra/launcher={value} needs Hydra's submitit launcher, which is not installed: "
+            "make install EXTRAS=dev,cluster (or pip install hydra-submitit-launcher)"
+        )
 
 
-def _is_choice(override: str) -> bool:
-    """`group=option` (or `hydra/group=option`, `~group`): picks a file of conf/, sets no value."""
-    key = override.lstrip("+~").partition("=")[0]
-    return key.startswith("hydra/") or is_group(key) or override.startswith("~")
-
-
-def _swept_folder_names(swept: list[str]) -> list[str]:
-    """`key=value` for each value a sweep gives a key that names a folder (`run_name=a,..`)."""
-    parser = OverridesParser.create()
-    found = []
-    for override in swept:
-        parsed = parser.parse_override(override)
-        if parsed.key_or_group in FOLDER_KEYS:
-            found += [f"{parsed.key_or_group}={value}" for value in parsed.sweep_string_iterator()]
-    return found
-
-
-def _swept(override: str) -> bool:
-    """`key=a,b` or `key=range(...)`: a value per job."""
-    value = override.partition("=")[2]
-    return "," in re.sub(r"\[[^\]]*\]|\{[^}]*\}", "", value) or re.match(r"\w+\(", value) is not None
-
-
-def composition_error(err: Exception, args: list[str], config_name: str) -> str:
-    """Hydra's composition error in one line: a key that is not in the config names the closest one."""
+def composition_error(err: Exception, args: list[str]) -> str:
+    """Hydra's composition error in one line: a key that is not in the config names the closest one (of
+    its node, or of another option of its group)."""
     text = str(err)
     missing = re.search(r"Could not override '([^']+)'", text)
     if missing:
         key = missing[1]
-        value = next((a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == key), "...")
-        return unknown_key(key, _config_keys(config_name), f"to add a key of your own: +{key}={value}")
+        value = next((a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == key), "...")
+        return unknown_key(key, _known_near(key, err.__cause__), f"to add a key of your own: +{key}={value}")
     if "LexerNoViableAlt" in type(err).__name__ or "LexerNoViableAlt" in text or "mismatched input" in text:
         bad = next((a for a in args if a in text), text.splitlines()[-1] if text else "")
         return f"{bad} cannot be read: use plain ASCII digits and key=value (quote values with spaces)"
@@ -194,13 +231,18 @@ def composition_error(err: Exception, args: list[str], config_name: str) -> str:
     return f"the command line does not compose: {first}"
 
 
-def _config_keys(config_name: str) -> list[str]:
-    """Every key of the default composition, dotted: the candidates for a mistyped one."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name)
-    GlobalHydra.instance().clear()
-    return flat_keys(OmegaConf.to_container(cfg, resolve=False))
+def _known_near(key: str, cause: BaseException | None) -> list[str]:
+    """The dotted keys near a missing one: those of the node Hydra could not add it to (OmegaConf's error
+    carries it), and those that any option file of its group gives."""
+    node = getattr(cause, "parent_node", None)
+    where = str(getattr(cause, "full_key", key)).rpartition(".")[0]
+    known = flat_keys(_plain(node), f"{where}." if where else "") if OmegaConf.is_config(node) else []
+    known = [k for k in known if k.partition(".")[0] != "hydra"]
+    group = key.partition(".")[0]
+    for folder in CONF_DIRS:
+        for path in sorted((folder / group).glob("*.yaml")) if is_group(group) else []:
+            known += flat_keys(_plain(OmegaConf.load(path)), f"{group}.")
+    return known
 
 
 def compose_config(config_name: str, overrides: list[str], log_dir: Path) -> DictConfig:
