@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
+from lightspeed.report import figures
 from lightspeed.speed.steady import MAX_WARMUP
 
 # name -> (overrides, needs a CUDA GPU). Ablations add one knob to the naive baseline.
@@ -254,11 +255,8 @@ def write_markdown(rows: list[dict], skipped: list[str], header: str, path: Path
 
 
 def write_chart(rows: list[dict], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    if (plt := figures.pyplot(path, print)) is None:
+        return
     ok = [r for r in rows if "error" not in r]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(ok) + 1.2))
     names = [r["name"] for r in ok][::-1]
@@ -270,8 +268,7 @@ def write_chart(rows: list[dict], title: str, path: Path) -> None:
     ax.set_xlabel("samples/s, median of the repeats (higher is better; grey: plain PyTorch loops)")
     ax.set_title(textwrap.fill(title, 90), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    figures.save(fig, path, dpi=120)
 
 
 def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:

@@ -69,13 +69,8 @@ def chart(
 ) -> Path | None:
     """Two panels: each run's monitored metric (validation), and each run's losses (training solid,
     validation dashed); one colour a run."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"compare: no {out.name}: matplotlib is missing (make install EXTRAS=dev)", file=sys.stderr)
+    if (plt := figures.pyplot(out, lambda line: print(f"compare: {line}", file=sys.stderr))) is None:
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, (metric_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
     for i, (name, points) in enumerate(curves.items()):

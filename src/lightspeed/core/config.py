@@ -314,6 +314,15 @@ def flat_keys(node: Any, prefix: str = "") -> list[str]:
     return keys
 
 
+def flatten(node: Any, sep: str = ".", prefix: str = "") -> dict[str, Any]:
+    """Each leaf of a config container by its keys joined with `sep` (an empty mapping is a leaf)."""
+    if isinstance(node, dict) and node:
+        return {
+            k: v for key, value in node.items() for k, v in flatten(value, sep, f"{prefix}{key}{sep}").items()
+        }
+    return {prefix[: -len(sep)] if prefix else prefix: node}
+
+
 def check_retired(cfg: DictConfig) -> None:
     """A retired key set in the config; not one beside a `_target_`: that is an argument of an object of
     the user's own (their ModelSummary in a callbacks group of theirs), not our setting."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 from rich.table import Table
+
+from lightspeed.core.files import write_text_atomically
 
 SUMMARY_FILE = "summary.json"
 
@@ -18,10 +19,9 @@ SUMMARY_FILE = "summary.json"
 def write(run_dir: Path, facts: dict[str, Any], metrics: dict[str, float]) -> None:
     """`summary.json` in `run_dir`, whole or not at all (a temporary file of its own, then a rename): a
     reader never finds half of one."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{SUMMARY_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({**facts, "metrics": metrics}, indent=2, default=str) + "\n")
-    os.replace(tmp, run_dir / SUMMARY_FILE)
+    write_text_atomically(
+        run_dir / SUMMARY_FILE, json.dumps({**facts, "metrics": metrics}, indent=2, default=str) + "\n"
+    )
 
 
 @rank_zero_only

@@ -5,13 +5,14 @@ rows the true class, columns the predicted one; the classifier sets it), written
 from __future__ import annotations
 
 import csv
-import os
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 
+from lightspeed.core.files import write_text_atomically
 from lightspeed.report import figures
 
 CSV_FILE = "confusion_matrix.csv"
@@ -27,47 +28,28 @@ def write(matrix: torch.Tensor, run_dir: Path, class_names: Sequence[str] | None
     names = (
         list(class_names) if class_names is not None and len(class_names) == n else [str(i) for i in range(n)]
     )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["true \\ predicted", *names])
+    writer.writerows([name, *row] for name, row in zip(names, counts.tolist(), strict=True))
     out = run_dir / CSV_FILE
-    tmp = run_dir / f".{CSV_FILE}.{os.getpid()}.tmp"
-    with tmp.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["true \\ predicted", *names])
-        for name, row in zip(names, counts.tolist(), strict=True):
-            writer.writerow([name, *row])
-    os.replace(tmp, out)
+    write_text_atomically(out, text.getvalue())
     _draw(counts, names, run_dir / PICTURE_FILE)
     return out
 
 
 def _draw(counts: torch.Tensor, names: list[str], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        rank_zero_info(f"no {path.name}: matplotlib is missing (make install EXTRAS=dev)")
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    if (plt := figures.pyplot(path)) is None:
+        return None
 
     share = counts.float() / counts.sum(dim=1, keepdim=True).clamp(min=1)
     size = min(12.0, 2.0 + 0.45 * len(names))
     fig, ax = plt.subplots(figsize=(size, size))
     ax.imshow(share.numpy(), cmap="Blues", vmin=0, vmax=1)
     if len(names) <= 30:
-        for (i, j), value in zip(
-            torch.cartesian_prod(torch.arange(len(names)), torch.arange(len(names))).tolist(),
-            counts.flatten().tolist(),
-            strict=True,
-        ):
-            ax.text(
-                j,
-                i,
-                str(value),
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white" if share[i, j] > 0.5 else "black",
-            )
+        for i, j in torch.cartesian_prod(torch.arange(len(names)), torch.arange(len(names))).tolist():
+            colour = "white" if share[i, j] > 0.5 else "black"
+            ax.text(j, i, str(counts[i, j].item()), ha="center", va="center", fontsize=7, color=colour)
         ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
         ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xlabel("predicted")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from lightspeed.core.files import read_json, write_text_atomically
 from lightspeed.report import figures
@@ -124,13 +124,8 @@ def panels(points: dict[str, Any], monitor: str | None) -> list[tuple[str, list[
 
 def draw(points: dict[str, list[list[float]]], path: Path, monitor: str | None) -> Path | None:
     """The panels side by side, one line a metric (validation with markers: one point an epoch)."""
-    try:
-        import matplotlib
-    except ImportError:
-        rank_zero_info(f"no {path.name}: matplotlib is missing (make install EXTRAS=dev)")
+    if (plt := figures.pyplot(path)) is None:
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     chosen = panels(points, monitor)
     if not chosen:

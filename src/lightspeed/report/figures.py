@@ -4,8 +4,24 @@ into place (a reader never sees half a picture); the figure is closed either way
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_info
+
+
+def pyplot(path: Path, say: Callable[[str], object] = rank_zero_info) -> Any:
+    """matplotlib's pyplot drawing off screen, or None and a line saying `path` is skipped without it."""
+    try:
+        import matplotlib
+    except ImportError:
+        say(f"no {path.name}: matplotlib is missing (make install EXTRAS=dev)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def step_axis(ax: Any, title: str, legend_size: int = 8) -> None:

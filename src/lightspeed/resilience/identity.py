@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR, __version__
+from lightspeed.core.config import flatten
+from lightspeed.core.files import read_json, write_text_atomically
 from lightspeed.core.schema import ORIGINAL, SCHEMA
 
 RECORD_FILE = "run.json"
@@ -90,7 +91,7 @@ def register_resolver() -> None:
 
 def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: stored -> current` for every leaf that differs, sorted by key."""
-    a, b = _flatten(stored), _flatten(current)
+    a, b = flatten(stored), flatten(current)
     missing = object()
     return [
         f"{key}: {_show(a.get(key, missing))} -> {_show(b.get(key, missing))}"
@@ -106,10 +107,7 @@ def describe(diffs: list[str], most: int = 3) -> str:
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
     """The run's stored identity, or None for a run from before Lightspeed kept one (or a broken file)."""
-    try:
-        record = json.loads((run_dir / RECORD_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    record = read_json(run_dir / RECORD_FILE)
     return record if isinstance(record, dict) and isinstance(record.get("config"), dict) else None
 
 
@@ -123,10 +121,7 @@ def write_record(run_dir: Path, ident: dict[str, Any], adopted: bool = False) ->
     attempt = {"started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
     attempt |= {"lightspeed": __version__, **code_commit()}
     record.setdefault("attempts", []).append(attempt)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{RECORD_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    os.replace(tmp, run_dir / RECORD_FILE)
+    write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
 
 
 def code_commit() -> dict[str, Any]:
@@ -204,15 +199,6 @@ def check_same_samples(checkpoint: dict[str, Any], ident: dict[str, Any], datamo
             "split would be drawn anew and test samples trained on: restore the data, or train anew with "
             "run_name=<new name>"
         )
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out |= _flatten(value, f"{prefix}{key}.")
-        return out
-    return {prefix.rstrip("."): node}
 
 
 def _show(value: Any) -> str:

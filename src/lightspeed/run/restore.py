@@ -5,7 +5,6 @@ command line's `module=`), and its weights, on the CPU and loaded without runnin
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from omegaconf import DictConfig
 
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, check_checkpoint_path, check_data_targets, locate
+from lightspeed.core.files import read_json
 from lightspeed.resilience import checkpoint, sharded
 
 
@@ -28,10 +28,7 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
     files = [p for p in (log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}") if p.is_file()]  # not a fifo
     runs = sorted(files, key=lambda p: p.stat().st_mtime)
     for found in reversed(runs):  # newest first; runs without a best checkpoint (debug=fdr) are skipped
-        try:
-            record = json.loads(found.read_text())
-        except (OSError, ValueError):  # torn, unreadable, not JSON: not a run to evaluate
-            continue
+        record = read_json(found)  # None when torn, unreadable, not JSON: not a run to evaluate
         best = record.get("best_checkpoint") if isinstance(record, dict) else None
         if not isinstance(best, str) or not best:
             continue

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from lightspeed.core.files import read_json, write_text_atomically
 from lightspeed.core.summary import SUMMARY_FILE
 
 
@@ -37,9 +38,7 @@ class SweepTable(Callback):
         if self.rows_dir is None or rank_zero_only.rank != 0:  # a job of several ranks: its first says it
             return
         run_dir = Path(str(config.paths.output_dir))
-        record = {}
-        if (run_dir / SUMMARY_FILE).is_file():
-            record = json.loads((run_dir / SUMMARY_FILE).read_text())
+        record = read_json(run_dir / SUMMARY_FILE) or {}
         metrics = record.get("metrics", {})
         settled = (record.get("config") or {}).get("monitor") or {}  # as the job settled it
         failed = job_return.status != JobStatus.COMPLETED
@@ -51,9 +50,7 @@ class SweepTable(Callback):
             "monitor": (settled.get("metric"), settled.get("mode")),
             "metrics": {k: v for k, v in metrics.items() if k.startswith(("val/", "test/")) and "@" not in k},
         }
-        tmp = self.rows_dir / f".{config.hydra.job.num}.json"
-        tmp.write_text(json.dumps(row))
-        tmp.replace(self.rows_dir / f"{config.hydra.job.num}.json")
+        write_text_atomically(self.rows_dir / f"{config.hydra.job.num}.json", json.dumps(row))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.rows_dir is None:

@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, open_dict
 
-from lightspeed.core.config import locate
+from lightspeed.core.config import flatten, locate
 from lightspeed.core.files import read_json, write_text_atomically
 
 TRACKING_FILE = "tracking.json"
@@ -136,17 +136,6 @@ def remember(cfg: DictConfig, loggers: list[Logger]) -> None:
         write_text_atomically(run_dir / TRACKING_FILE, json.dumps({**stored, **found}, indent=2) + "\n")
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested keys joined with `/`, as Lightning's loggers flatten them."""
-    found: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            found |= _flat(value, f"{prefix}{key}/")
-        else:
-            found[f"{prefix}{key}"] = value
-    return found
-
-
 @rank_zero_only
 def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
     """The resolved config into every logger, without the tracked runs' ids (which a continued run has
@@ -158,7 +147,7 @@ def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
             logger.log_hyperparams(config)
             continue
         kept = logger.experiment.get_run(logger.run_id).data.params
-        flat = _flat(config)
+        flat = flatten(config, "/")  # as Lightning's loggers flatten it
         changed = sorted(k for k, v in flat.items() if k in kept and kept[k] != str(v)[:250])
         if changed:
             rank_zero_info(

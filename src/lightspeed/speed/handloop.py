@@ -27,6 +27,7 @@ from torch._dynamo.utils import counters
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from lightspeed.data.augment import random_crop, random_flip
+from lightspeed.data.device_loader import WholeBatches, whole_batch
 from lightspeed.models.optim import build_optimizer, build_scheduler
 from lightspeed.speed.steady import settled
 
@@ -61,20 +62,6 @@ class Settings:
     seed: int = 0
 
 
-class WholeBatches(TensorDataset):
-    """Hands the DataLoader a whole batch at once: one `index_select` per tensor instead of a sample at
-    a time and a collate (as Lightspeed's loaders fetch in-memory data)."""
-
-    def __getitems__(self, indices: list[int]) -> list[Tensor]:
-        idx = torch.tensor(indices)
-        return [t.index_select(0, idx) for t in self.tensors]
-
-
-def as_is(batch: list[Tensor]) -> list[Tensor]:
-    """The collate_fn for `WholeBatches` (module level: workers pickle it)."""
-    return batch
-
-
 def batches(x: Tensor, y: Tensor, s: Settings) -> Iterator[tuple[Tensor, Tensor]]:
     """Training batches on the device, epoch after epoch, each epoch in a new random order (drawn as
     Lightspeed's loaders draw it: from `seed + epoch`)."""
@@ -90,11 +77,11 @@ def batches(x: Tensor, y: Tensor, s: Settings) -> Iterator[tuple[Tensor, Tensor]
                 yield x.index_select(0, idx), y.index_select(0, idx)
     generator = torch.Generator().manual_seed(s.seed)
     loader = DataLoader(
-        WholeBatches(x, y),
+        WholeBatches(TensorDataset(x, y)),  # a batch at once, as Lightspeed's loaders fetch in-memory data
         batch_size=s.batch_size,
         sampler=RandomSampler(x, generator=generator),
         drop_last=s.drop_last,
-        collate_fn=as_is,
+        collate_fn=whole_batch,
         num_workers=s.num_workers,
         pin_memory=s.pin_memory and device.type == "cuda",
         persistent_workers=s.num_workers > 0,
