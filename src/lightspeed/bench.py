@@ -103,6 +103,7 @@ def run_config(name: str, user: list[str], steps: int, warmup: str, run_dir: Pat
     return {"name": name, "overrides": overrides, **speed}
 
 
+# radon C: refuses what the plain loop cannot mirror (accumulation, file data), then sets each resolved knob
 def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> int:
     """One `hand` row: compose and resolve the config as `lightspeed.train` would, then train the same
     net on the same arrays with `lightspeed.speed.handloop` (the only Lightning here is the DataModule, as a
@@ -211,6 +212,7 @@ def _fmt(value: float | None, spec: str, unit: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{unit}"
 
 
+# radon C: one optional cell per measured figure: errors, ratios, memory kind, warm-up seconds
 def write_markdown(rows: list[dict], skipped: list[str], header: str, path: Path) -> None:
     by_name = {r["name"]: r for r in rows if "error" not in r}
     base = by_name.get("off", {}).get("samples_per_s")
@@ -296,6 +298,7 @@ def _refused(args: argparse.Namespace, names: list[str]) -> str | None:
     return None
 
 
+# radon C: rounds x configs; GPU-only skips; warm-up/override wording
 def _rounds(
     args: argparse.Namespace, names: list[str], user: list[str], out: Path
 ) -> tuple[list[dict[str, Any]], str]:

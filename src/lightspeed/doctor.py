@@ -138,6 +138,7 @@ def collect(quick: bool = False) -> dict[str, Any]:
     return facts
 
 
+# radon C: note per problem: CUDA/driver/pinning/compile/bf16
 def diagnose(f: dict[str, Any]) -> list[str]:
     """Problems a person can fix, each with the fix."""
     notes = []
@@ -187,6 +188,7 @@ def diagnose(f: dict[str, Any]) -> list[str]:
     return notes
 
 
+# radon C: optional rows: GPUs, bandwidth, warnings
 def render(f: dict[str, Any], console: Console) -> None:
     table = Table(title="Lightspeed doctor", show_header=False, title_justify="left")
     table.add_column(style="bold")

@@ -36,6 +36,7 @@ from lightspeed.speed import accel
 from lightspeed.speed.accel import LOADER_KNOBS
 
 
+# radon C: test + optional confusion, predictions, pictures
 def run(cfg: DictConfig) -> dict[str, float]:
     silence_known_noise()
     with exit_on_config_error():
@@ -128,6 +129,7 @@ PLACE_KEYS = tuple(
 )
 
 
+# radon C: the run's data: none stored, given on the command line, or merged with the stored one
 def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
     """Evaluate on the data the run was trained with: its data config, as saved in the checkpoint (as
     written: `${paths.data_dir}` resolves on this machine), with this machine's loader settings and any
@@ -236,6 +238,7 @@ def seen_in_training(dm: L.LightningDataModule, trained_on: torch.Tensor | None,
     return seen
 
 
+# radon C: names to compare; each missing or differing one said in its own wording
 def _check_fits(model: L.LightningModule, from_data: list[str] | None, dm: L.LightningDataModule) -> None:
     """The data gives what the checkpoint's model was built from (the arguments its run took from its
     data, as the checkpoint names them; a checkpoint from before they were named: `num_classes` and
@@ -291,6 +294,7 @@ def _check_classes(trained: list[str] | None, dm: L.LightningDataModule) -> list
     return list(trained) if trained is not None else None
 
 
+# radon C: dict or tensor batches, with or without class names and sample ids
 def _write_predictions(batches: list[Any], path: Path, class_names: list[str] | None = None) -> Path:
     """One row per sample, a column per entry of what `predict_step` returns (a dict of tensors, or one
     tensor: `pred`), in its order: a number per sample as it is, a row of numbers (a sequence's tokens) as

@@ -108,6 +108,7 @@ def partner(choice: str, log_dir: Path, prepare: Prepare | None = None) -> list[
     return [f"data={found[0]}", f"model={found[1]}"]
 
 
+# radon C: its asserts, plus the optional pair, prepare and batch-size cap
 def trains_one_batch(
     choice: str,
     log_dir: Path,

@@ -52,6 +52,7 @@ def refuse_multirun_with_ddp(cfg: DictConfig) -> None:
         )
 
 
+# radon C: agreed, ours, or peer died
 @contextmanager
 def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
     """When training fails in the first rank, end the ranks Lightning started for it, at once, and say
@@ -200,6 +201,7 @@ class Run:
             trainer.fit(model, datamodule=dm, ckpt_path=self.plan.resume_from, weights_only=True)
         self._fit_s = time.perf_counter() - start
 
+    # radon C: an optional test phase, on the best checkpoint or the weights in memory; each record written
     def finish(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> TrainResult:
         """The fit's figures and summary; with `test_after_fit`, the best checkpoint tested too."""
         cfg, plan, ckpt = self.cfg, self.plan, trainer.checkpoint_callback

@@ -113,6 +113,7 @@ CLUSTER_VARIABLES = (
 )
 
 
+# radon C: fifo, sharded, folder, missing
 def check_checkpoint_path(path: Path, other: str = "") -> None:
     """A `ckpt_path` that is a file or a sharded checkpoint's folder; another folder or a missing path is
     one line saying which."""
@@ -273,6 +274,7 @@ def _validate_splits(cfg: DictConfig) -> None:
         )
 
 
+# radon C: one ConfigError per bad accelerator/devices pairing
 def validate_devices(cfg: DictConfig) -> None:
     """Never fall back to the CPU when a GPU was asked for; never ask for more devices than exist."""
     accelerator = str(_get(cfg, "trainer.accelerator") or "auto")
@@ -332,6 +334,7 @@ def check_retired(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} {instead}")
 
 
+# radon C: retired, elsewhere, close, list
 def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
     """One line for a key that is not in the config: what replaced it, or the closest of its siblings."""
     retired = next((k for k in RETIRED if k == key or k.startswith(f"{key}.")), None)  # or a key under it
@@ -396,6 +399,7 @@ def _expanded(node: Any, sizes: dict[int, int]) -> int:
     return sizes[id(node)]
 
 
+# radon C: an interpolation, a key's own rule, an untyped default, a nested value, then the type
 def check_type(key: str, value: Any, default: Any) -> None:
     """A command-line value has the type of its default (`entry._Defaults`: the chosen options' files). A
     key with a check of its own (`schema.SCHEMA`: several types, ranges) is checked by it; a default of
@@ -447,6 +451,7 @@ def is_group(name: str, conf_dirs: Sequence[Path] = CONF_DIRS) -> bool:
     return any((d / name).is_dir() for d in conf_dirs)
 
 
+# radon C: the forms of --config-dir, then each unknown option named with its group's
 def check_group_choices(args: Sequence[str], conf_dirs: Sequence[Path] = CONF_DIRS) -> None:
     """Refuse `group=option` overrides whose option has no file (in conf/, the engine's groups, or a folder
     `--config-dir` adds), in one line, before Hydra composes (its own message for a missing option is a

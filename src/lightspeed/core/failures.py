@@ -112,6 +112,7 @@ def launched_by_lightning(trainer: L.Trainer) -> bool:
     )
 
 
+# radon C: one except per failure kind
 @contextmanager
 def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
     """Around fit and test: each failure above becomes its line on stderr and its exit code.

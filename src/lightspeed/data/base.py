@@ -77,6 +77,7 @@ def mean_std(x: Tensor) -> tuple[float, float]:
 ON_DEVICE_MAX_SHARE = 0.5
 
 
+# radon C: a return per case: off, workers, host memory, fits, true, too big
 def on_device_choice(
     on_device: bool | str, num_workers: int | str, nbytes: int, device: torch.device
 ) -> tuple[bool, str | None]:
@@ -187,6 +188,7 @@ class ArrayDataModule(L.LightningDataModule):
         self._load()
         self._check_batch_size(stage)
 
+    # radon C: once; split-name check; bytes vs float normalisation (per feature)
     def _load(self) -> None:
         """The splits, normalised; once."""
         if self.splits:
@@ -279,6 +281,7 @@ class ArrayDataModule(L.LightningDataModule):
                 "data.drop_last=false"
             )
 
+    # radon C: given vs drawn splits, each refused when empty; filters over split names
     def _draw_missing_splits(self, given: dict[str, Arrays]) -> dict[str, Arrays]:
         """`val` and `test` where `load_arrays` did not give them: drawn from `train` by `split_seed` alone,
         so they are the same on every rank and in every rerun."""
@@ -333,6 +336,7 @@ class ArrayDataModule(L.LightningDataModule):
             rank_zero_info(note)
         return decision
 
+    # radon C: 3 loader kinds
     def _loader(self, split: str, shuffle: bool) -> DataLoader | DeviceLoader:
         rank, world = self._ranks()
         # The data order is the run's seed's, as for Lightning's DistributedSampler: equal on all ranks.

@@ -66,6 +66,7 @@ def md5_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+# radon C: url x retry
 def fetch(remote: Remote, folder: Path, mirrors: Sequence[str] | None = None) -> Path:
     """`folder/<filename>`, verified; downloaded first unless a verified copy is there (put by hand, or by
     an earlier run). `mirrors` replaces the remote's own base URLs (a local copy, a test server)."""

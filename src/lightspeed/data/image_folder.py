@@ -64,6 +64,7 @@ class ImageFolderDataModule(ArrayDataModule):
         if self.cache:
             self._cached_pixels()
 
+    # radon C: named vs drawn splits, cached vs files, and a note for each
     def _load(self) -> None:
         if self.splits:
             return

@@ -56,6 +56,7 @@ def _images(folder: Path) -> tuple[list[Path], int]:
     return images, len(found) - len(images)
 
 
+# radon C: one ConfigError per bad folder layout; flat vs train/val/test
 def scan(root: Path) -> Listing:
     """`root/<class>/...` (validation and test drawn from the training images), or named splits
     `root/train/<class>/...` with `root/val/`, `root/test/` beside it where the data set has its own;

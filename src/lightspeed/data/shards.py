@@ -49,6 +49,7 @@ def _litdata() -> Any:
     return litdata
 
 
+# radon C: refusals, then a loop over splits and samples, then the meta's optional entries
 def write_shards(dm: ArrayDataModule, out: Path, chunk_bytes: int | str = "64MB") -> Path:
     """Every split of `dm` into `out/<split>/` (LitData chunks of at most `chunk_bytes`, and the samples'
     ids), and `out/meta.json` (shape, classes, the device-side scaling). Written into a temporary folder
@@ -196,6 +197,7 @@ class ShardsDataModule(ArrayDataModule):
     every in-memory data set). The training loader's position is kept in checkpoints (exact resume);
     under DDP each rank reads its own chunks."""
 
+    # radon C: refusals, old shards
     def __init__(self, path: str | None = None, **loader_args: Any) -> None:
         super().__init__(**loader_args)
         if path is None:

@@ -110,6 +110,7 @@ class CurvesLogger(Logger):
         rank_zero_warn(f"curves: not written ({err.strerror or err}); the run goes on without them")
 
 
+# radon C: the monitor's panel only when it is not a loss and has a training twin; filters per panel
 def panels(points: dict[str, Any], monitor: str | None) -> list[tuple[str, list[str]]]:
     """(title, metrics) of each panel: the losses, the monitored metric beside its training twin (when it
     is not a loss), the learning rates. Test metrics (one point) are left out."""

@@ -241,6 +241,7 @@ def _from_a_load(err: BaseException) -> bool:
     )
 
 
+# radon C: one line per known load failure
 def _explain_load_error(err: BaseException, path: Any) -> None:
     """Raise the one ConfigError line for a checkpoint that cannot be restored, where `err` is such."""
     if isinstance(err, pickle.UnpicklingError) and why(err, path) == "holds Python objects":

@@ -71,6 +71,7 @@ class ExactResume(L.Callback):
                 )
         self._schedules = []
 
+    # radon C: three mid-epoch cases warned about, then the metrics restored
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Lightning skips on_train_epoch_start when it resumes mid-epoch: restore here."""
         done, total = batches_done_in_epoch(trainer), trainer.num_training_batches

@@ -97,6 +97,7 @@ class NonFiniteGuard(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
 
+    # radon C: none buffered, 1-rank fast path, first bad step
     def _check(self, trainer: L.Trainer) -> None:
         """Read the buffered losses (one sync) and, under DDP, agree on the first bad step (a collective:
         every rank checks at the same steps and saves)."""
@@ -131,6 +132,7 @@ class NonFiniteGuard(L.Callback):
         if batch_idx % trainer.accumulate_grad_batches == 0:
             self._saved_buffers = [b.detach().clone() for b in pl_module.buffers()]
 
+    # radon C: scaler's job, finite, or skip: clear grads, restore buffers, fail/warn
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:

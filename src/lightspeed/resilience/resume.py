@@ -99,6 +99,7 @@ def resolve(cfg: DictConfig) -> str | None:
     return start(cfg)[0]
 
 
+# radon C: ckpt_path given, no checkpoint, another run's identity, resume=never: one outcome each
 def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
     """`resolve`, with the checkpoint's position and metrics as read while choosing it, and the run's
     identity (`ident`, else that of `cfg`) recorded in its folder (`run.json`)."""

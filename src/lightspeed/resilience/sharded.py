@@ -120,6 +120,7 @@ class FSDPStrategy(ShardedCheckpoints, _FSDPStrategy):
     """Lightning's FSDP, checkpoints written as sharded folders: no rank ever holds the whole model."""
 
 
+# radon C: rank 0's steps beside every rank's, with or without optimizer states
 def save(strategy: Any, checkpoint: dict[str, Any], folder: Path, with_optimizers: bool = True) -> None:
     """Every rank: write the model's (and optimizers') state with DCP into `.<name>.partial` beside
     `folder`, then rank 0 adds meta.pt and renames it to `folder` (the previous one is removed after)."""
@@ -205,6 +206,7 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return torch.load(folder / META, map_location="cpu", weights_only=True)
 
 
+# radon C: one return per defect: unfinished, meta, files, checksums
 def problem(folder: Path) -> str | None:
     """Why the sharded checkpoint `folder` must not be trained from (no meta.pt: never finished; a file
     missing, added or changed since it was written; DCP metadata that is not plain data), or None."""

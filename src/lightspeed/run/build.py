@@ -43,6 +43,7 @@ _BINDING = re.compile(
 )
 
 
+# radon C: walks the cause chain; ConfigError, bad setting or bug each handled
 def instantiate(
     node: Any, where: str, explain: Callable[[str], str | None] | None = None, **kwargs: Any
 ) -> Any:
@@ -125,6 +126,7 @@ def model_args(dm: L.LightningDataModule) -> dict[str, Any]:
     return dict(method()) if callable(method) else {}
 
 
+# radon C: the class not ours; an unexpected vs a missing argument, each worded for the user
 def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any]) -> str | None:
     """A model whose constructor does not take what the data gives, or needs what it does not give, in
     one line naming both (from the TypeError's `line`); None where a key of conf/model is at fault, or
@@ -212,6 +214,7 @@ def plain(value: Any) -> Any:
 _SHAPE_ERROR = re.compile(r"shape|size|dim|[Ee]xpected .*input", re.IGNORECASE)
 
 
+# radon C: skip/refuse per probe error
 def check_inputs_fit(cfg: DictConfig, given: dict[str, Any]) -> None:
     """One forward pass of a copy of the model on PyTorch's meta device (shapes, no data, no memory), on
     the example input it declares (`example_input_array`, built from what the data gives): a net that
@@ -272,6 +275,7 @@ def loggers(cfg: DictConfig) -> list[Logger]:
     return _group(cfg.get("logger"), "logger")
 
 
+# radon C: eval returns early; drops idle callbacks; default guards
 def callbacks(
     cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = None, from_data: Sequence[str] = ()
 ) -> list[Callback]:

@@ -215,6 +215,7 @@ def _check_launcher_installed(override: str) -> None:
         )
 
 
+# radon C: unknown key, bad value, or other
 def composition_error(err: Exception, args: list[str]) -> str:
     """Hydra's composition error in one line: a key that is not in the config names the closest one (of
     its node, or of another option of its group)."""

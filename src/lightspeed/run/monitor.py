@@ -56,6 +56,7 @@ def declared(cfg: DictConfig) -> dict[str, Any] | None:
     return dict(found) if isinstance(found, dict) and {"metric", "mode"} <= set(found) else None
 
 
+# radon C: fill metric/mode, refuse bad mode, check each consumer
 def settle(cfg: DictConfig) -> None:
     """Fill `monitor.metric` and `monitor.mode` (the model's default where null) and refuse, in one line, a
     mode that contradicts the metric's name (unless `monitor.check_mode=false`) or a consumer that

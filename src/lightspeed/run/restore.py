@@ -18,6 +18,7 @@ from lightspeed.core.files import read_json
 from lightspeed.resilience import checkpoint, sharded
 
 
+# radon C: path, or newest run's best (moved ok)
 def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
     """`latest`: the best checkpoint of the newest training run under `log_dir/train` that has one;
     anything else is a path."""

@@ -79,6 +79,7 @@ def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return found
 
 
+# radon C: killed trials rerun; pruned/failed/scored
 def run(cfg: DictConfig, train: Any) -> float | None:
     """Run (or continue) the search `cfg.hparams_search` describes, each trial `train(trial_cfg,
     callbacks)`; returns the best trial's score and writes `search.json` beside the study."""

@@ -34,6 +34,7 @@ class SweepTable(Callback):
         self.rows_dir = folder / f".rows-{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}-{os.getpid()}"
         self.rows_dir.mkdir(parents=True)
 
+    # radon C: a job of several ranks, a missing summary, a failed job: defaults for each
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self.rows_dir is None or rank_zero_only.rank != 0:  # a job of several ranks: its first says it
             return
@@ -77,6 +78,7 @@ class SweepTable(Callback):
         print(f"sweep table: {path}")
 
 
+# radon C: optional columns (monitor, metrics, failed jobs), each a filter
 def tabulate(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[str]]]:
     """The sweep's title, column names and cells: each row shows the overrides it varies (the title what
     all share), its score (the best marked where every job has the same monitor, so the scores compare)

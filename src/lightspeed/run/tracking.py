@@ -85,6 +85,7 @@ def has_wandb_key() -> bool:
         return False
 
 
+# radon C: per logger: reuse id or new run; W&B offline=auto
 def continue_runs(cfg: DictConfig) -> None:
     """Into each MLflow or W&B logger node whose id is unset, the id this run folder's earlier attempt
     stored; W&B's `offline: auto` resolved (offline without a key, unless WANDB_MODE says otherwise)."""
@@ -117,6 +118,7 @@ def continue_runs(cfg: DictConfig) -> None:
                     )
 
 
+# radon C: MLflow/W&B id; write only on change
 @rank_zero_only
 def remember(cfg: DictConfig, loggers: list[Logger]) -> None:
     """Store the ids of the MLflow and W&B runs the loggers opened (asking for an id opens the run) in
@@ -136,6 +138,7 @@ def remember(cfg: DictConfig, loggers: list[Logger]) -> None:
         write_text_atomically(run_dir / TRACKING_FILE, json.dumps({**stored, **found}, indent=2) + "\n")
 
 
+# radon C: MLflow keeps old params
 @rank_zero_only
 def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
     """The resolved config into every logger, without the tracked runs' ids (which a continued run has

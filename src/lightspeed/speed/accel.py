@@ -62,6 +62,7 @@ def auto_precision(device: str) -> str:
     return "32-true"
 
 
+# radon C: per knob: auto resolved, or explicit but idle
 def resolve(cfg: DictConfig) -> list[str]:
     """Replace every `auto` knob in `cfg` by its value for this device, in place. Return the knobs that
     were set explicitly but cannot take effect here (they are switched off, or left harmlessly set)."""
@@ -102,6 +103,7 @@ def _resolve_flush_denormal(cfg: DictConfig, device: str) -> list[str]:
     return []
 
 
+# radon C: impl x device x optimizer
 def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
     """`accel.optimizer_impl`: fused (one kernel per parameter tensor, all the update's arithmetic in
     it), foreach (a few batched kernels), loop (one parameter at a time, op by op), torch (torch's own

@@ -111,6 +111,7 @@ class SpeedReport(L.Callback):
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
 
+    # radon C: warm-up (auto or fixed count), clock start vs data wait, FLOPs once
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
     ) -> None:
@@ -175,6 +176,7 @@ class SpeedReport(L.Callback):
 
     # --- the numbers --------------------------------------------------------------------------------
 
+    # radon C: None if unmeasured; CUDA-only ones
     def _compute(self, trainer: L.Trainer) -> dict[str, Any]:
         dev = trainer.strategy.root_device
         world = trainer.world_size
