@@ -7,7 +7,8 @@ case $code in
   3) why="a training failure, explained above" ;;
   130) why="interrupted (Ctrl-C)" ;;
   138 | 143) why="preempted: a checkpoint was saved, rerun the same command to continue" ;;
-  *) why="an unexpected error, see above" ;;
+  137) why="killed (SIGKILL), most often by the out-of-memory killer (see dmesg) or a job's memory or time limit; rerun the same command (a training run continues from its last checkpoint)" ;;
+  *) if [ "$code" -gt 128 ] 2>/dev/null; then why="killed by signal $((code - 128)) ($(kill -l $((code - 128)) 2>/dev/null || echo '?'))"; else why="an unexpected error, see above"; fi ;;
 esac
 echo "make: $2 exited with $code: $why" >&2
 exit "$code"

@@ -259,3 +259,21 @@ def test_make_names_the_programs_exit_code_and_its_meaning() -> None:
     explained = [line for line in proc.stderr.splitlines() if line.startswith("make: python")]
     meaning = "a bad setting: the error line above names it and the fix"
     assert explained == [f"make: python -m lightspeed.train exited with 2: {meaning}"], proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("code", "meaning"),
+    [(137, "killed (SIGKILL), most often by the out-of-memory killer"), (134, "killed by signal 6 (ABRT)")],
+)
+def test_a_killed_program_s_exit_code_says_what_killed_it(code: int, meaning: str) -> None:
+    """A process the kernel killed prints nothing itself: make's line is all the user sees."""
+    proc = subprocess.run(
+        ["bash", "scripts/exit_code.sh", str(code), "python -m lightspeed.train"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == code
+    assert proc.stderr.startswith(f"make: python -m lightspeed.train exited with {code}: {meaning}"), (
+        proc.stderr
+    )
