@@ -55,16 +55,9 @@ def refuse_multirun_with_ddp(cfg: DictConfig) -> None:
 # radon C: agreed, ours, or peer died
 @contextmanager
 def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
-    """When training fails in the first rank, end the ranks Lightning started for it, at once, and say
-    which rank failed first.
-
-    Lightning's launcher ends every rank within ~5 s when one of the others exits non-zero, but when the
-    first rank fails the others wait in their next collective until the process-group timeout. A rank
-    that dies makes the first one fail too (its collectives lose their peer): then the line names the
-    rank that died, whose own error is above it, instead of a traceback of the lost connection.
-    A preemption (not an Exception) and an agreed TrainingFailure (the ranks reduce the non-finite check)
-    end every rank by themselves.
-    """
+    """When the first rank fails, end the ranks Lightning started at once (else they wait in their next
+    collective until the process-group timeout) and name the rank that failed first: a peer that died makes
+    this rank fail too. A preemption or an agreed TrainingFailure ends every rank by itself."""
     try:
         yield
     except (Exception, KeyboardInterrupt) as err:

@@ -44,10 +44,8 @@ CONFIG_TREE_FILE = "config_tree.txt"
 
 @rank_zero_only
 def config_tree(config: dict[str, Any], run_dir: Path, show: bool = True) -> None:
-    """The resolved config as a tree, one branch a group (data, model, trainer, ...) and the run-level
-    keys first: printed at the start of a run when `show`, and always kept in the run folder (plain text,
-    beside Hydra's unresolved `.hydra/config.yaml`), so that what a run really used (every `auto` resolved)
-    can be read later."""
+    """The resolved config as a tree, a branch a group: printed when `show`, and always kept in the run
+    folder beside Hydra's unresolved `.hydra/config.yaml`, so that what a run really used can be read."""
     import yaml
     from rich.syntax import Syntax
     from rich.tree import Tree

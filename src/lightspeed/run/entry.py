@@ -54,9 +54,8 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
 
 
 def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
-    """Run `task` as `python -m lightspeed.<config_name> <sys.argv>` does. Hydra composes once; what it
-    rejects, and what `Checks` refuses on the composed config before any folder is made, is a ConfigError
-    of one line. An error once the task has started is the task's own."""
+    """Run `task` as `python -m lightspeed.<config_name> <sys.argv>` does: what Hydra or `Checks` refuse
+    before the task starts is a ConfigError of one line; an error after that is the task's own."""
     args = sys.argv[1:]
     check_yaml_sizes()
     check_group_choices(args)
@@ -93,9 +92,8 @@ class _Refused(BaseException):
 
 
 class Checks(Callback):
-    """Hydra's callback (hydra/default.yaml) that checks the composed config before Hydra makes the run's
-    folder: the names that become folders as resolved (each job's, for a sweep's swept names), the keys
-    added at the top level, and the command line's values against the type of their defaults."""
+    """Checks the composed config before Hydra makes the run's folder (hydra/default.yaml): folder names
+    (each sweep job's), added top-level keys, and command-line values against their defaults' types."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -139,9 +137,8 @@ def _plain(value: Any) -> Any:
 
 
 class _Defaults:
-    """A key's default as the chosen options' own files say it (the experiment's first, then its group's
-    option, then the primary config), read as plain yaml, not composed again: the type that a value of the
-    command line must keep."""
+    """A key's default as the chosen options' files say it (experiment, then its group's option, then the
+    primary config), read as plain yaml rather than composed again: the type a command-line value keeps."""
 
     def __init__(self, config: DictConfig) -> None:
         runtime = config.hydra.runtime
@@ -247,9 +244,8 @@ def _known_near(key: str, cause: BaseException | None) -> list[str]:
 
 
 def compose_config(config_name: str, overrides: list[str], log_dir: Path) -> DictConfig:
-    """The config that `python -m lightspeed.<config_name> <overrides>` would run with, for use from
-    Python (tests, benchmarks): logs under `log_dir`, this run's outputs in
-    `log_dir/<config_name>/runs/test`, and Hydra's runtime state set as during a real run."""
+    """The config `python -m lightspeed.<config_name> <overrides>` would run with, for tests and benchmarks:
+    outputs in `log_dir/<config_name>/runs/test`, Hydra's runtime state set as during a real run."""
     GlobalHydra.instance().clear()
     run_dir = log_dir / config_name / "runs" / "test"
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
