@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,22 @@ def test_peak_table_resolves_names_as_the_driver_spells_them(
 ):
     assert gpu_model(name) == model
     assert peak_flops(name, "bf16") == bf16
+
+
+@pytest.mark.parametrize(
+    ("name", "lightnings"),
+    [("NVIDIA H200", None), ("NVIDIA H200 SXM1", 2.0e15)],  # the driver's name; a 2:4-sparse figure
+)
+def test_lightnings_peak_table_falls_short_where_ours_is_kept(monkeypatch, name: str, lightnings) -> None:
+    """Why core/device.py keeps a table: Lightning's `get_available_flops` has no figure for the H200 as
+    its driver names it, and a sparse one for its SXM form. When this fails, use Lightning's instead."""
+    from lightning.fabric.utilities import throughput
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its "FLOPs not found" warning
+        assert throughput.get_available_flops(torch.device("cuda"), torch.bfloat16) == lightnings
+    assert peak_flops(name, "bf16") == 989e12
 
 
 def test_the_peak_follows_the_math_mode() -> None:

@@ -12,7 +12,8 @@ import re
 import torch
 
 # Dense (not 2:4 sparse) peak FLOP/s from NVIDIA's data sheets, by (model, form factor) and math mode.
-# Lightning 2.6.6's table lists the sparse figures and misses "NVIDIA H200" as the driver spells it.
+# Kept over Lightning's `get_available_flops`: it has no "NVIDIA H200" as the driver spells it, and 2:4-sparse
+# figures for the H200 SXM (tests/test_speed.py fails when that changes).
 _PEAKS: dict[str, dict[str, float]] = {
     "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.7e12, "fp32": 66.9e12},
     "H100 SXM": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.7e12, "fp32": 66.9e12},
