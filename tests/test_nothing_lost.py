@@ -91,6 +91,25 @@ def test_the_run_folder_and_each_checkpoint_hold_the_identity_and_the_code_commi
     assert len(json.loads((run_dir / identity.RECORD_FILE).read_text())["attempts"]) == 2
 
 
+def test_a_run_s_time_is_the_sum_of_its_attempts_preempted_resumed_and_rerun(
+    train_cfg, run_dir: Path
+) -> None:
+    """Each attempt's fit time is kept in run.json; summary.json (and so `make compare`) gives the run's
+    total, never only its last attempt's."""
+    from lightspeed.compare import table
+
+    with pytest.raises(SystemExit):
+        train(train_cfg(*FIT), [Fault("sigterm", step=1)])
+    train(train_cfg(*FIT))  # resumes
+    train(train_cfg(*FIT))  # a finished run again: nothing left to train, its time still adds
+    attempts = json.loads((run_dir / identity.RECORD_FILE).read_text())["attempts"]
+    assert len(attempts) == 3 and all(a["fit_seconds"] > 0 for a in attempts), attempts
+    total = json.loads((run_dir / "summary.json").read_text())["fit_seconds"]
+    assert total == round(sum(a["fit_seconds"] for a in attempts), 2) and total > attempts[-1]["fit_seconds"]
+    row = next(iter(table({"run": json.loads((run_dir / "summary.json").read_text())}).columns[-1].cells))
+    assert row == str(total)
+
+
 def test_a_run_from_before_stored_identities_resumes_with_a_warning(train_cfg, run_dir: Path) -> None:
     train(train_cfg(*FIT))
     (run_dir / identity.RECORD_FILE).unlink()

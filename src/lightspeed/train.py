@@ -184,15 +184,16 @@ class Run:
 
     def fit(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> None:
         start = time.perf_counter()
-        # weights_only: a checkpoint can only hold plain data; loading it never runs code
-        with (
-            exit_on_config_error(),
-            exit_on_failure(self.cfg, trainer),
-            stop_other_ranks_on_failure(trainer),
-            checkpoint.loading(self.plan.resume_from),
-        ):
-            trainer.fit(model, datamodule=dm, ckpt_path=self.plan.resume_from, weights_only=True)
-        self._fit_s = time.perf_counter() - start
+        try:  # weights_only: a checkpoint can only hold plain data; loading it never runs code
+            with (
+                exit_on_config_error(),
+                exit_on_failure(self.cfg, trainer),
+                stop_other_ranks_on_failure(trainer),
+                checkpoint.loading(self.plan.resume_from),
+            ):
+                trainer.fit(model, datamodule=dm, ckpt_path=self.plan.resume_from, weights_only=True)
+        finally:  # a preempted or failed attempt's time counts too
+            self._fit_s = identity.add_fit_seconds(self.plan.run_dir, time.perf_counter() - start)
 
     # radon C: an optional test phase, on the best checkpoint or the weights in memory; each record written
     def finish(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> TrainResult:
@@ -209,7 +210,7 @@ class Run:
             "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,
             "global_step": trainer.global_step,
             "epochs": trainer.current_epoch,
-            "fit_seconds": round(self._fit_s, 2),
+            "fit_seconds": round(self._fit_s, 2),  # every attempt's: a resumed or rerun run adds to it
             "tested": None,
             "curves": None,
             "config": self.config,

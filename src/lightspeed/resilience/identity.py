@@ -124,6 +124,20 @@ def write_record(run_dir: Path, ident: dict[str, Any], adopted: bool = False) ->
     write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
 
 
+def add_fit_seconds(run_dir: Path, seconds: float) -> float:
+    """Keep this attempt's fit time in run.json (rank 0 writes) and return the run's total over its
+    attempts: a resumed or rerun run adds to its time, never replaces it."""
+    record = read_record(run_dir) or {}
+    found = record.get("attempts")
+    attempts = [a for a in found if isinstance(a, dict)] if isinstance(found, list) else []
+    if not attempts:
+        return seconds
+    attempts[-1]["fit_seconds"] = round(seconds, 2)
+    if rank_zero_only.rank == 0:
+        write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
+    return sum(t for a in attempts if isinstance(t := a.get("fit_seconds"), (int, float)))
+
+
 def code_commit() -> dict[str, Any]:
     """The git commit of the code and whether it had uncommitted changes; empty outside a git checkout."""
     repo = CONF_DIR.parent
