@@ -105,9 +105,8 @@ def run_config(name: str, user: list[str], steps: int, warmup: str, run_dir: Pat
 
 # radon C: refuses what the plain loop cannot mirror (accumulation, file data), then sets each resolved knob
 def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> int:
-    """One `hand` row: compose and resolve the config as `lightspeed.train` would, then train the same
-    net on the same arrays with `lightspeed.speed.handloop` (the only Lightning here is the DataModule, as a
-    source of the split arrays)."""
+    """One `hand` row: the config as `lightspeed.train` resolves it, then train the same net on the same
+    arrays with `lightspeed.speed.handloop` (Lightning only for the DataModule's split arrays)."""
     from omegaconf import OmegaConf
 
     from lightspeed.data.base import on_device_choice

@@ -2,14 +2,11 @@
 
     python -m lightspeed.doctor [--json PATH] [--require-gpu] [--quick]
 
-Versions (Python, torch, lightning, CUDA, cuDNN, NCCL, driver), each GPU (name, memory, compute
-capability, bf16 and TF32 support), whether torch.compile works, CPU cores and the `num_workers` that
-`auto` picks, host-to-device bandwidth from pageable and pinned memory, and fp32/bf16 matmul TFLOP/s;
-then warnings with their fixes. JSON keys: python, platform, torch, lightning, cuda_build, cudnn,
-nccl, driver, nvidia_device_present, cuda_available, gpus, cpu_cores, recommended_num_workers,
-compile_backend_ok, compile_problem, h2d_gbps (pageable, pinned), matmul_tflops (fp32, bf16),
-warnings. Exit code 0; 1 with --require-gpu when no CUDA GPU is usable.
-"""
+Versions, each GPU (name, memory, compute capability, bf16 and TF32 support), whether torch.compile works, CPU
+cores and the `num_workers` that `auto` picks, host-to-device bandwidth (pageable, pinned), fp32/bf16 matmul
+TFLOP/s; then warnings with fixes. JSON keys: python, platform, torch, lightning, cuda_build, cudnn, nccl,
+driver, nvidia_device_present, cuda_available, gpus, cpu_cores, recommended_num_workers, compile_backend_ok,
+compile_problem, h2d_gbps, matmul_tflops, warnings. Exits 0; 1 with --require-gpu and no usable CUDA GPU."""
 
 from __future__ import annotations
 

@@ -240,11 +240,9 @@ def seen_in_training(dm: L.LightningDataModule, trained_on: torch.Tensor | None,
 
 # radon C: names to compare; each missing or differing one said in its own wording
 def _check_fits(model: L.LightningModule, from_data: list[str] | None, dm: L.LightningDataModule) -> None:
-    """The data gives what the checkpoint's model was built from (the arguments its run took from its
-    data, as the checkpoint names them; a checkpoint from before they were named: `num_classes` and
-    `input_shape`, what Lightspeed took then), with the same value where it is a structure: a shape, a
-    count, a vocabulary size, names. A statistic (a float, such as a regressor's target mean) may differ:
-    the model keeps its own."""
+    """The data gives what the checkpoint's model was built from (the arguments it names; from before they
+    were named: `num_classes` and `input_shape`), alike where a structure (a shape, count, vocabulary size,
+    names); a statistic (a float, such as a regressor's target mean) may differ: the model keeps its own."""
     names = from_data if from_data is not None else ["num_classes", "input_shape"]
     names = [k for k in names if k in model.hparams]
     given = build.model_args(dm)
@@ -297,9 +295,8 @@ def _check_classes(trained: list[str] | None, dm: L.LightningDataModule) -> list
 # radon C: dict or tensor batches, with or without class names and sample ids
 def _write_predictions(batches: list[Any], path: Path, class_names: list[str] | None = None) -> Path:
     """One row per sample, a column per entry of what `predict_step` returns (a dict of tensors, or one
-    tensor: `pred`), in its order: a number per sample as it is, a row of numbers (a sequence's tokens) as
-    one column of space-separated values. Where the run's data named its classes, `target` and `pred`
-    get their names beside them."""
+    tensor: `pred`), in order; a row of numbers (a sequence's tokens) is one column of space-separated values.
+    `target` and `pred` get the class names beside them where the run's data named its classes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     parts = [b if isinstance(b, dict) else {"pred": b} for b in batches]
     columns = {k: torch.cat([p[k].reshape(len(p[k]), -1).cpu() for p in parts]) for k in (parts or [{}])[0]}

@@ -66,9 +66,8 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tolerance: float)
 def export(
     model: L.LightningModule, out: Path, formats: list[str], batch: int, tolerance: float
 ) -> dict[str, Any]:
-    """Write each format into `out`, check it on `batch` fresh inputs; what was written and how close.
-    Each is written into a hidden folder of `out` and moved into place only once its check passed: a
-    failed export leaves no file that looks like a good one."""
+    """Write each format into `out`, check it on `batch` fresh inputs; returns what was written and how close.
+    Each leaves its hidden folder only once checked: a failed export leaves no good-looking file."""
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise ConfigError(f"formats={formats} is invalid: use a list of {', '.join(FORMATS)}")

@@ -1,16 +1,12 @@
 """Checks for your own code, usable in any test suite (a project's tests/test_project.py calls them).
 
 `options(group)` lists a config group's options (the project's conf/ and the engine's); `trains_one_batch`
-composes one data set, model or experiment with a partner of the other group that fits it, trains it for
-one batch (debug=fdr) and checks what a run must give: one optimizer step, a finite monitored metric, its
-test twin, finite weights.
+trains one data set, model or experiment with a partner of the other group that fits it, one batch
+(debug=fdr), and checks one optimizer step, a finite monitored metric, its test twin, finite weights.
 
-`assert_device_agnostic(net, input_shape)` proves that a net creates no tensor on a fixed device:
-it moves the net to PyTorch's `meta` device (tensors with shapes but no data) and runs a forward pass
-there. A tensor made on the CPU or a GPU inside `forward` (`torch.ones(n)`, `device="cuda"`), or kept
-as a plain attribute instead of a registered buffer, meets meta tensors and fails. Such a net would
-fail the same way on a GPU, or when DDP or `map_location` puts it on another device.
-"""
+`assert_device_agnostic(net, input_shape)` runs a forward pass on PyTorch's `meta` device: a tensor that
+`forward` makes on a fixed device (`torch.ones(n)`, `device="cuda"`), or kept as a plain attribute instead of
+a buffer, fails there, as it would on a GPU or when DDP or `map_location` moves the net."""
 
 from __future__ import annotations
 
@@ -69,10 +65,8 @@ def defaults_first(group: str) -> list[str]:
 
 
 def fits(data: str, model: str, log_dir: Path, prepare: Prepare | None = None) -> bool:
-    """Whether the model option fits the data option: built from what the data gives (its `model_args()`:
-    a classifier from num_classes, a regressor from num_targets) and taking its inputs (a forward pass on
-    the meta device), as `make train` builds it before training. `prepare(cfg, folder)` readies the data
-    (a folder, fakes)."""
+    """Whether the model option fits the data option, built as `make train` builds it (from the data's
+    `model_args()`) and taking its inputs (a meta forward); `prepare(cfg, folder)` readies the data."""
     from hydra.errors import InstantiationException
 
     from lightspeed.core.config import ConfigError

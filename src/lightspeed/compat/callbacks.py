@@ -1,10 +1,8 @@
 """Lightning's ModelCheckpoint and EarlyStopping: less work per step, and aware of resumed runs.
 
-Lightning dispatches every hook to every callback (~6 a training step) and names each call after the
-callback's `state_key`, which these two rebuild from a dict repr every time. Their key's inputs are
-fixed at construction, so it is built once; the class names stay Lightning's, so `state_key` and the
-checkpoints they write are unchanged.
-"""
+Lightning dispatches every hook to every callback (~6 a training step), naming each call by `state_key`, which
+these two rebuild from a dict repr every time; its inputs are fixed at construction, so it is built once. The
+class names stay Lightning's, so `state_key` and the checkpoints they write are unchanged."""
 
 from __future__ import annotations
 
@@ -109,10 +107,9 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
             self._last_global_step_saved = trainer.global_step
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """A run's files are its own wherever its folder now is: a checkpoint saved before the folder was
-        moved or copied names the files of the folder it is loaded in. Lightning would keep the old
-        absolute paths: test the old folder's best checkpoint (or fail on it, gone), and write last-v1.ckpt
-        beside last.ckpt."""
+        """A run's files are its own wherever its folder now is: paths saved before it was moved or copied
+        name this folder's files. Lightning would keep the old absolute paths (testing the old best, or
+        failing on it, gone, and writing last-v1.ckpt beside last.ckpt)."""
         super().load_state_dict(_inside(_moved(state_dict, self.dirpath), self.dirpath))
         self.best_metrics = dict(state_dict.get("best_metrics") or {})
 
@@ -170,9 +167,8 @@ def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
 
 
 def _inside(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
-    """`state` with only the paths that lie in `dirpath` once resolved. A checkpoint is data: Lightning would
-    delete a "previous best" or "previous last" it names, and checks that it is the folder's by the path's
-    text alone (`<folder>/../../a-file-elsewhere` passes)."""
+    """`state` minus the paths outside `dirpath` once resolved: Lightning would delete a "previous best" or
+    "last" that a checkpoint (data) names, judging by the path's text alone (`<dir>/../../x` passes)."""
     if not dirpath:
         return state
     root = Path(dirpath).resolve()

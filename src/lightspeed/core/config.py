@@ -1,8 +1,6 @@
-"""Validation of the composed config: one place, one line per mistake, before any work starts.
-
-Hydra already rejects unknown groups/options and keys that are not in the config (struct mode); this
-module checks the values that Hydra cannot know about (types, ranges, what this machine can run).
-"""
+"""Validation of the composed config: one place, one line per mistake, before any work starts. Hydra rejects
+unknown groups, options and keys (struct mode); this checks what it cannot know (types, ranges, what this
+machine can run)."""
 
 from __future__ import annotations
 
@@ -48,9 +46,8 @@ _ABSENT = object()
 
 
 def locate(path: str) -> Any:
-    """The object an import path names (`package.module.Class`), found as Hydra's `get_object` finds it,
-    but without its ERROR log line, and an ImportError that says why in one line: the missing module, or
-    the module that lacks the name. An error inside the module (a bug in it) keeps its traceback."""
+    """The object an import path names, found as Hydra's `get_object` does minus its ERROR log: a one-line
+    ImportError names the missing module or name; a bug inside the module keeps its traceback."""
     names = path.split(".")
     for cut in range(len(names), 0, -1):
         module = ".".join(names[:cut])
@@ -158,9 +155,8 @@ def validate_common(cfg: DictConfig) -> None:
 
 
 def conf_targets(conf_dirs: Sequence[Path] = CONF_DIRS) -> frozenset[str]:
-    """Every class the project's `conf/` or the engine's config groups name by `_target_` (by exact name,
-    as parsed: block or flow style), the classes that data (a checkpoint) may name beside the repository's
-    own models and data sets."""
+    """Every class named by `_target_` in the project's `conf/` or the engine's groups (exact names, block or
+    flow style): what data (a checkpoint) may name beside the repository's own models and data sets."""
     import yaml
 
     found: set[str] = set()
@@ -200,9 +196,8 @@ def _repository_class(target: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def check_data_targets(node: Any, where: str) -> None:
-    """Refuse, in one line, a `_target_` anywhere in `node`, read from data (`where`: a checkpoint's
-    config or hyperparameters), that names a class no yaml file of conf/ names and that is no model, net
-    or data set of the repository's own `models/` and `data/`."""
+    """Refuse, in one line, a `_target_` in data (`where`: a checkpoint's config or hyperparameters) that no
+    conf/ yaml names and that is no model, net or data set of the repository's own `models/` and `data/`."""
     container = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
     known = conf_targets()
     prefixes = user_packages(known)
@@ -370,9 +365,8 @@ MAX_YAML_VALUES = 100_000
 
 
 def check_yaml_sizes(conf_dir: Path = CONF_DIR) -> None:
-    """Refuse a yaml file whose aliases (`*name`) would expand to more values than MAX_YAML_VALUES: Hydra
-    would build every copy, and hang for minutes. Counted on PyYAML's node graph (no objects are built),
-    each aliased node once."""
+    """Refuse a yaml file whose aliases (`*name`) expand past MAX_YAML_VALUES values (Hydra would build every
+    copy, hanging for minutes), counted on PyYAML's node graph, each aliased node once."""
     import yaml
 
     for path in sorted(conf_dir.rglob("*.yaml")):
@@ -401,9 +395,8 @@ def _expanded(node: Any, sizes: dict[int, int]) -> int:
 
 # radon C: an interpolation, a key's own rule, an untyped default, a nested value, then the type
 def check_type(key: str, value: Any, default: Any) -> None:
-    """A command-line value has the type of its default (`entry._Defaults`: the chosen options' files). A
-    key with a check of its own (`schema.SCHEMA`: several types, ranges) is checked by it; a default of
-    null or `auto` says no type; null switches a key off; an interpolation is checked where it points."""
+    """An override has its default's type (`entry._Defaults`) or passes its `schema.SCHEMA` check; a null or
+    `auto` default has no type; null turns a key off; an interpolation is checked at its target."""
     if isinstance(value, str) and value.startswith("${"):
         return
     if key in _RULES:
@@ -453,9 +446,8 @@ def is_group(name: str, conf_dirs: Sequence[Path] = CONF_DIRS) -> bool:
 
 # radon C: the forms of --config-dir, then each unknown option named with its group's
 def check_group_choices(args: Sequence[str], conf_dirs: Sequence[Path] = CONF_DIRS) -> None:
-    """Refuse `group=option` overrides whose option has no file (in conf/, the engine's groups, or a folder
-    `--config-dir` adds), in one line, before Hydra composes (its own message for a missing option is a
-    dozen lines and exits with 1)."""
+    """Refuse, in one line before Hydra composes, a `group=option` whose option has no file (conf/, the
+    engine's groups, a `--config-dir`): Hydra's own message is a dozen lines and exits with 1."""
     folders = [*conf_dirs] + [
         Path(args[i + 1] if a in ("--config-dir", "-cd") and i + 1 < len(args) else a.partition("=")[2])
         for i, a in enumerate(args)

@@ -1,8 +1,5 @@
-"""Facts about the device a run trains on: name, memory, capability, dense peak FLOP/s, how the CPU
-threads compute denormal numbers.
-
-One module that doctor, the speed report and the data loaders' `auto` settings read.
-"""
+"""Facts about the device a run trains on (name, memory, capability, dense peak FLOP/s, how the CPU threads
+compute denormal numbers), read by doctor, the speed report and the data loaders' `auto` settings."""
 
 from __future__ import annotations
 
@@ -68,12 +65,10 @@ NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 def skip_repeated_cuda_probe() -> None:
-    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1, so that asking whether CUDA is available never
-    initialises CUDA (a forked process could not use it afterwards). torch then asks NVML again at each
-    such question until CUDA is initialised, and Adam, AdamW and most other torch optimizers (not SGD)
-    ask at every step (their graph-capture check). With torch's CUDA build on a machine without a GPU
-    that costs 50-80 us a step, on every CPU run. Without a GPU there is no CUDA to protect: torch's own
-    check, which it answers from memory, is used instead. Where a GPU is present nothing changes."""
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 so that asking never initialises CUDA (a forked process
+    could not use it); torch then asks NVML at every question until CUDA is initialised, and Adam, AdamW and
+    most torch optimizers (not SGD) ask every step: 50-80 us a step on a CPU run with torch's CUDA build and
+    no GPU. Without a GPU, torch's own check (answered from memory) is used; with one, nothing changes."""
     if os.environ.get(NVML_CHECK) != "1" or not torch.backends.cuda.is_built():
         return
     if torch.cuda.device_count() == 0:
@@ -87,9 +82,8 @@ def can_flush() -> bool:
 
 
 def thread_modes() -> str:
-    """`flushed` or `exact` when every CPU thread of torch's pool computes denormals the same way,
-    `mixed` when not: an elementwise product big enough that each thread computes a share (ATen splits
-    work in grains of 32768 elements), its denormals counted from their bits."""
+    """`flushed` or `exact` when all of torch's CPU pool threads compute denormals alike, else `mixed`:
+    measured on a product split across threads (ATen grains of 32768 elements), denormals counted by bits."""
     n = 32768 * 2 * torch.get_num_threads()
     kept = count_denormals(denormals(n) * 2.0)
     return "flushed" if kept == 0 else "exact" if kept == n else "mixed"

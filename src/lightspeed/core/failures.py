@@ -1,10 +1,9 @@
 """Failures during training, each ending the run with one line that says what happened and what to try.
 
-Exit codes: 2 a bad setting (before any work), 3 a training failure explained here (non-finite loss,
-out of memory, another rank lost under torchrun or SLURM), 128 + N preempted by signal N after saving a
-checkpoint (143 for SIGTERM, 138 for SIGUSR1: rerun the same command to continue), 1 anything unexpected
-(with its traceback). Under trainer=ddp these are the first rank's codes.
-"""
+Exit codes: 2 a bad setting (before any work), 3 a training failure explained here (non-finite loss, out of
+memory, another rank lost under torchrun or SLURM), 128 + N preempted by signal N after saving a checkpoint
+(143 for SIGTERM, 138 for SIGUSR1: rerun the same command to continue), 1 anything unexpected (with its
+traceback). Under trainer=ddp these are the first rank's codes."""
 
 from __future__ import annotations
 
@@ -101,9 +100,8 @@ def lost_peer(err: BaseException) -> str | None:
 
 
 def launched_by_lightning(trainer: L.Trainer) -> bool:
-    """A rank other than the first that Lightning's own launcher started (trainer=ddp on one machine).
-    Lightning SIGKILLs the first rank as soon as such a rank exits non-zero, so for outcomes that all
-    ranks agree on they exit 0 and leave the run's exit code to the first rank."""
+    """A non-first rank started by Lightning's own launcher (trainer=ddp on one machine): Lightning SIGKILLs
+    the first rank when one exits non-zero, so these exit 0 on outcomes all ranks agree on."""
     env = getattr(trainer.strategy, "cluster_environment", None)
     return (
         trainer.global_rank != 0
@@ -115,9 +113,8 @@ def launched_by_lightning(trainer: L.Trainer) -> bool:
 # radon C: one except per failure kind
 @contextmanager
 def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
-    """Around fit and test: each failure above becomes its line on stderr and its exit code.
-    Preemption and TrainingFailure are agreed by all ranks, so the first rank says it; an out-of-memory
-    error is a rank's own, so each rank that has one says so, naming itself under DDP."""
+    """Around fit and test: each failure above becomes its stderr line and exit code; the first rank says the
+    agreed ones (Preemption, TrainingFailure), each rank its own out-of-memory (named under DDP)."""
     agreed = 0 if launched_by_lightning(trainer) else None
     try:
         yield
@@ -159,11 +156,10 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
 
 @contextmanager
 def process_group_released() -> Iterator[None]:
-    """Around a command: when it ends as every rank does, destroy the default process group while Python
-    is still whole. Left to the interpreter's exit, gloo's worker threads can abort the process
-    (`terminate called without an active exception`, pytorch/pytorch#190489), which turned a finished
-    two-task SLURM job FAILED. After a failure of one rank it is left alone: destroying it while another
-    rank may still be in a collective can hang (torchtitan#1342)."""
+    """Around a command: when it ends on every rank, destroy the default process group while Python is whole.
+    At exit, gloo's threads can abort the process (`terminate called without an active exception`,
+    pytorch/pytorch#190489), turning a finished SLURM job FAILED. Not after one rank's failure: destroying it
+    while another rank is in a collective can hang (torchtitan#1342)."""
     try:
         yield
     except SIGTERMException:  # Lightning's, from each rank's own flag: another may be in a collective

@@ -1,20 +1,15 @@
-"""What a run prints: Lightning's messages and Python warnings go through the logging Hydra set up (to
-the console and `<run dir>/train.log`), and known third-party noise is silenced, narrowly: by message
-and by the module that raises it. Everything else, our own deprecations above all, stays visible (and is
-an error under pytest).
-"""
+"""What a run prints: Lightning's messages and Python warnings go through Hydra's logging (the console and
+`<run dir>/train.log`); known third-party noise is silenced narrowly, by message and raising module.
+Everything else, our own deprecations above all, stays visible (and is an error under pytest)."""
 
 import logging
 import warnings
 
 
 def route_to_run_log() -> None:
-    """Call inside a Hydra task, after Hydra configured the root logger.
-
-    Lightning gives its loggers a console handler of their own and stops propagation when it is
-    imported before any logging is configured, which is always the case under Hydra: its messages
-    then never reach the run's log file.
-    """
+    """Call inside a Hydra task, after Hydra configured the root logger: Lightning, imported before any
+    logging is configured (always so under Hydra), gives its loggers a console handler and stops propagation,
+    so its messages would never reach the run's log file."""
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "torchmetrics"):
         logger = logging.getLogger(name)
         for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:

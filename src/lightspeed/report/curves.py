@@ -1,8 +1,6 @@
-"""Every run draws `curves.png`: the losses and the monitored metric against the step, training and
-validation, and the learning rate. The points come as a Lightning logger gets them (the values the
-other loggers write, at the steps they write them: no read of the device of its own), are kept in
-`curves.json` in the run folder (so a resumed run's picture starts at step 0) and drawn once the run is
-done (fit, and test after it). Without matplotlib the json is kept and the picture is skipped, in one line."""
+"""Every run draws `curves.png`: losses, the monitored metric and the learning rate against the step. Points
+come as a Lightning logger gets them (no device read of its own), kept in the run folder's `curves.json` (so a
+resumed run's picture starts at step 0), drawn once the run is done (without matplotlib: one line, no png)."""
 
 from __future__ import annotations
 
@@ -78,9 +76,8 @@ class CurvesLogger(Logger):
 
     @rank_zero_only
     def save(self) -> None:
-        """Lightning calls this after each logging step: keep the points, whole or not at all. A picture
-        is never worth a run: a write that fails (a full disk) is one warning, and the run goes on to
-        the error that matters (its checkpoint write fails too)."""
+        """After each logging step: keep the points, whole or not at all. A failed write (a full disk) is one
+        warning, not the run's end: its checkpoint write fails too, with the error that matters."""
         if not self.points or self._failed:
             return
         try:

@@ -21,9 +21,8 @@ CONVS = (torch.nn.Conv1d, torch.nn.Conv2d)
 
 
 class Intermediates(L.Callback):
-    """Collects, during `trainer.predict`, the first `layers` convolutions' outputs for the first `inputs`
-    samples and the `shown` predictions with the worst mistakes first (the most confident wrong ones,
-    then the least confident right ones). Everything stays on the device until `on_predict_end`."""
+    """During `trainer.predict`: the first `layers` convolutions' outputs for the first `inputs` samples, and
+    the `shown` worst predictions (confident wrong first, then unsure right); on device until the end."""
 
     def __init__(self, layers: int = 2, inputs: int = 4, shown: int = 16) -> None:
         self.layers, self.inputs, self.shown = layers, inputs, shown

@@ -29,13 +29,10 @@ from lightspeed.resilience.rank_seed import KEY as RANK_RNG_KEY
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write a temporary file beside the target (a name of its own per write, so that two writers never
-    share one), fsync it, `os.replace` it into place, fsync the folder.
-
-    At every moment the target path holds either the previous complete checkpoint or the new one.
-    Lightning 2.6's own writer makes its temporary file under $TMPDIR and moves it: across file
-    systems that move is a copy, and a SIGKILL during it left a 0-byte last.ckpt.
-    """
+    """Write a temporary file beside the target (one name per write: two writers never share one), fsync it,
+    `os.replace` it into place, fsync the folder: the target always holds the previous complete checkpoint or
+    the new one. Lightning 2.6's writer moves its file from $TMPDIR: across file systems that move is a copy,
+    and a SIGKILL during it left a 0-byte last.ckpt."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if "://" in str(path) or storage_options is not None:  # remote (fsspec) paths: Lightning's writer
@@ -118,9 +115,8 @@ def checksum(checkpoint: dict[str, Any]) -> str:
 
 
 def problem(path: Path) -> str | None:
-    """Why the checkpoint at `path` must not be trained from (unreadable, Python objects, a tensor that
-    claims more elements than the file stores for it, a checksum that no longer matches its tensors,
-    weights that are not finite), or None. Reads the whole file."""
+    """Why the checkpoint at `path` must not be trained from (unreadable, Python objects, a tensor claiming
+    more elements than stored, a checksum mismatch, non-finite weights), or None. Reads the whole file."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError) as err:
@@ -211,9 +207,8 @@ def _fsync_dir(folder: Path) -> None:
 
 @contextmanager
 def loading(path: Any) -> Iterator[None]:
-    """Around any checkpoint load: a refused pickle payload, a file that is no checkpoint, an empty or
-    truncated one, or weights that do not fit the model become one ConfigError line naming `ckpt_path`;
-    every other error passes through unchanged."""
+    """Around any checkpoint load: a refused pickle, a non-checkpoint, an empty or truncated file, or weights
+    that do not fit the model become one ConfigError naming `ckpt_path`; other errors pass through."""
     try:
         yield
     except (pickle.UnpicklingError, ValueError, EOFError, RuntimeError) as err:

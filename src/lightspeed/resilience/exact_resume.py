@@ -18,16 +18,11 @@ _LENGTH = ("total_steps", "T_max")
 
 
 class ExactResume(L.Callback):
-    """Saves with every checkpoint, and restores when training starts:
-
-    - the state of every torchmetrics `Metric` the module holds, on every rank (each rank counts its own
-      batches), so that a run resumed mid-epoch reports the epoch's metrics over all its batches;
-    - the run's latest `train/*` and `val/*` figures, so that a resumed run reports them where it has not
-      measured them again (after its training had finished, or resumed past the last logging step).
-
-    And it refuses, in one line, a resume whose LR schedule would span another number of steps than the
-    checkpoint's (a schedule cannot be stretched: its restored state would silently keep the old length).
-    """
+    """Saves with every checkpoint, and restores when training starts, every torchmetrics `Metric` the module
+    holds on every rank (so a run resumed mid-epoch reports the epoch's metrics over all its batches) and the
+    latest `train/*` and `val/*` figures (reported where the resumed run does not measure them again).
+    Refuses, in one line, a resume whose LR schedule spans another number of steps (the restored state would
+    keep the old length)."""
 
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None  # metric states restored, not yet applied

@@ -1,10 +1,8 @@
 """A run's identity: the config that decides what it computes, kept in its folder and in every checkpoint.
 
-The folder name holds a hash of it (`run_id`), so that the same command lands in the same folder and a
-changed setting starts a new one. The stored copy is what lets a rerun check that a folder (reused through
-an explicit `run_name`) and each checkpoint in it really belong to this run, and say which keys differ.
-The code's git commit is kept beside it as provenance, not as identity: editing code continues a run.
-"""
+The folder name holds its hash (`run_id`): the same command lands in the same folder, a changed setting in a
+new one. The stored copy lets a rerun check that a reused folder (explicit `run_name`) and each checkpoint are
+this run's, naming differing keys. The git commit is provenance, not identity: edited code continues a run."""
 
 from __future__ import annotations
 
@@ -71,11 +69,8 @@ def of(cfg: DictConfig) -> dict[str, Any]:
 
 
 def run_id(*, _root_: DictConfig) -> str:
-    """`${lightspeed.run_id:}`: `<experiment or data-model>-<8 hex of the identity>`.
-
-    The hash covers the config before interpolation (`${...}` stay as written), so it is known before
-    Hydra makes the run folder and is the same in every DDP rank.
-    """
+    """`${lightspeed.run_id:}`: `<experiment or data-model>-<8 hex of the identity>`, hashed before
+    interpolation, so it is known before Hydra makes the run folder and is the same in every DDP rank."""
     # Hydra hands the task its config without the `hydra` node: ask HydraConfig, then the node.
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else _root_.get("hydra")
     choices = OmegaConf.select(hydra_cfg, "runtime.choices", default=None) or {} if hydra_cfg else {}
@@ -113,9 +108,8 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
 
 @rank_zero_only
 def write_record(run_dir: Path, ident: dict[str, Any], adopted: bool = False) -> None:
-    """Write or extend `<run dir>/run.json`: the identity once, and each attempt's start, Lightspeed version
-    and git commit (provenance: what code trained which stretch). `adopted`: a run from before Lightspeed
-    stored identities, whose checkpoints (with none) are taken as its own."""
+    """Write or extend `<run dir>/run.json`: the identity once, each attempt's start, version and commit (what
+    code trained which stretch). `adopted`: a pre-identity run, whose checkpoints count as its own."""
     record = read_record(run_dir) or {"identity": digest(ident), "config": ident, "adopted": adopted}
     record["identity"], record["config"] = digest(ident), ident
     attempt = {"started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
@@ -156,11 +150,9 @@ def code_commit() -> dict[str, Any]:
 
 
 class RunIdentity(L.Callback):
-    """Stores the run's identity in every checkpoint (`checkpoint["identity"]`), so that auto-resume takes
-    only the checkpoints this run wrote, and a checkpoint names the settings (its data config included) and
-    the samples (`TRAIN_SAMPLES_KEY`, where the DataModule has `sample_ids`), the class names
-    (`CLASS_NAMES_KEY`, where it has `class_names`) and the model's arguments from the data
-    (`FROM_DATA_KEY`) it was trained with."""
+    """Stores the run's identity in every checkpoint (`checkpoint["identity"]`): auto-resume takes only this
+    run's checkpoints, and each names the settings (data config included), samples (`TRAIN_SAMPLES_KEY`, from
+    `sample_ids`), class names (`CLASS_NAMES_KEY`) and model arguments from the data (`FROM_DATA_KEY`)."""
 
     def __init__(
         self, ident: dict[str, Any], data: dict[str, Any] | None = None, from_data: list[str] | None = None
@@ -194,10 +186,9 @@ class RunIdentity(L.Callback):
 
 
 def check_same_samples(checkpoint: dict[str, Any], ident: dict[str, Any], datamodule: Any, name: str) -> None:
-    """Resuming a run's own checkpoint (its identity, in its folder) on data whose training split has other
-    samples (an image added to the folder: every split drawn anew, test images among the training ones)
-    would go on without a word: a ConfigError naming the change. Another run's checkpoint (fine-tuning,
-    another folder) is not checked."""
+    """Resuming a run's own checkpoint on data whose training split has other samples (an image added: every
+    split drawn anew, test images among the training ones) is a ConfigError naming the change; another run's
+    is not checked."""
     from lightspeed.core.config import ConfigError
 
     trained, ids = checkpoint.get(TRAIN_SAMPLES_KEY), getattr(datamodule, "sample_ids", None)

@@ -18,19 +18,14 @@ KEY = "rank_rng"
 
 
 class RankSeed(L.Callback):
-    """Reseed torch, numpy and random with `seed + global_rank` once fit starts; save and restore every
-    rank's generator states with each checkpoint (`checkpoint["rank_rng"]`).
+    """Reseed torch, numpy and random with `seed + global_rank` once fit starts; save and restore every rank's
+    generator states with each checkpoint (`checkpoint["rank_rng"]`).
 
-    Everything built before fit (weights, the data split) used the same seed on every rank, as it must.
-    From then on, dropout masks and on-device augmentation must differ between ranks, or the ranks would
-    draw the same noise for different samples. The run's seed (PL_GLOBAL_SEED) stays as it was: the
-    samplers derive the data order from it, and the ranks must agree on it.
-
-    Resuming restores each rank's states when training starts (`on_train_start`): after everything that
-    runs before it (sanity checks, summaries) and before the first batch is augmented, so that the resumed
-    run draws exactly what the uninterrupted one would have. (Lightning skips `on_train_epoch_start`
-    when it resumes mid-epoch.)
-    """
+    What is built before fit (weights, the data split) shares one seed, as it must; after it, dropout masks
+    and on-device augmentation must differ between ranks, or they draw the same noise for different samples.
+    The run's seed (PL_GLOBAL_SEED) is kept: the samplers derive the data order from it. States come back in
+    `on_train_start` (after sanity checks and summaries, before the first batch is augmented), so a resumed
+    run draws what the uninterrupted one would (Lightning skips `on_train_epoch_start` mid-epoch)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed

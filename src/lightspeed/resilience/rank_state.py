@@ -1,9 +1,6 @@
-"""What differs between DDP ranks, as plain data that checkpoints can hold: every random generator a
-process draws from, gathered from all ranks (Lightning writes rank 0's checkpoint only).
-
-`torch.load(..., weights_only=True)` accepts tensors, numbers, strings and containers only, so numpy's
-and Python's states (tuples with arrays) are stored as tensors and numbers.
-"""
+"""What differs between DDP ranks, as plain data for checkpoints: every random generator's state, from all
+ranks (Lightning writes rank 0's checkpoint only). `weights_only=True` loads only tensors, numbers, strings
+and containers, so numpy's and Python's states (tuples with arrays) become tensors and numbers."""
 
 from __future__ import annotations
 

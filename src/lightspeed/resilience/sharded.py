@@ -160,9 +160,8 @@ def save(strategy: Any, checkpoint: dict[str, Any], folder: Path, with_optimizer
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's planner, with what it stores as bytes (values that are not tensors: the optimizer's
-    hyperparameters, a module's extra state) loaded as plain data: DCP's own reads them with
-    `weights_only=False`, which would run code that a crafted file names."""
+    """DCP's planner, loading what it stores as bytes (optimizer hyperparameters, extra state) as plain data:
+    DCP's own uses `weights_only=False`, which would run code that a crafted file names."""
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
         loaded = torch.load(value, weights_only=True)

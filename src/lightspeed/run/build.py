@@ -47,11 +47,10 @@ _BINDING = re.compile(
 def instantiate(
     node: Any, where: str, explain: Callable[[str], str | None] | None = None, **kwargs: Any
 ) -> Any:
-    """Hydra's instantiate, with a refusal of the settings in one line naming the config node `where`:
-    Lightning's MisconfigurationException, or keys that do not fit the constructor's arguments (`explain`
-    may say those better: given the TypeError's line, it returns the line to print, or None). Any other
-    error in a constructor (a bug in it) keeps its traceback; a ConfigError passes through as itself. The
-    node's own `_target_` is found first (`_import`), so that a name that is no class is one line too."""
+    """Hydra's instantiate, with a refused setting in one line naming the config node `where` (Lightning's
+    MisconfigurationException, or keys the constructor does not take: `explain`, given the TypeError's line,
+    may word those, or return None); a ConfigError passes through, other errors keep their traceback. The
+    `_target_` is found first (`_import`), so a name that is no class is one line too."""
     if OmegaConf.is_config(node) and "_target_" in node:
         _import(node, where)
     try:
@@ -73,9 +72,8 @@ def instantiate(
 
 
 def datamodule(cfg: DictConfig) -> L.LightningDataModule:
-    """The configured DataModule. The loader knobs that the accel preset sets under `data.` reach it
-    where its constructor takes them; a DataModule of your own that builds its own loaders need not
-    (one info line names what it left to its loaders)."""
+    """The configured DataModule; the loader knobs the accel preset sets under `data.` reach it where its
+    constructor takes them (one info line names what a DataModule building its own loaders left to them)."""
     node = cfg.data
     target = _import(node, "data")
     params = inspect.signature(target).parameters.values()
@@ -110,10 +108,9 @@ def model(
 
 
 def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
-    """What the model is built from that only the data knows, as the DataModule says it (its
-    `model_args()`: `num_classes`, `input_shape`, `vocab_size`, a regressor's target statistics), but for
-    what conf/model sets itself. Passed at run time (never via globals); a DataModule without a
-    `model_args()` gives nothing, and the model is built from conf/model alone."""
+    """What only the data knows that the model is built from (the DataModule's `model_args()`: `num_classes`,
+    `input_shape`, `vocab_size`, a regressor's target statistics), minus what conf/model sets itself. Passed
+    at run time, never via globals; without `model_args()`, nothing."""
     given = {k: plain(v) for k, v in model_args(dm).items() if k not in cfg.model}
     if given:
         rank_zero_info(f"model: from the data, {', '.join(f'{k}={_short(v)}' for k, v in given.items())}")
@@ -128,9 +125,8 @@ def model_args(dm: L.LightningDataModule) -> dict[str, Any]:
 
 # radon C: the class not ours; an unexpected vs a missing argument, each worded for the user
 def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any]) -> str | None:
-    """A model whose constructor does not take what the data gives, or needs what it does not give, in
-    one line naming both (from the TypeError's `line`); None where a key of conf/model is at fault, or
-    where the error is not the model class's own (a layer its constructor builds)."""
+    """A model constructor not taking what the data gives, or needing what it lacks, in one line naming both
+    (from the TypeError's `line`); None where conf/model is at fault or a layer raised it."""
     target = _import(cfg.model, "model")
     own = [f"{c.__qualname__}.__init__()" for c in getattr(target, "__mro__", ())]
     if not line.startswith(tuple(own)):

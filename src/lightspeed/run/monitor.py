@@ -1,7 +1,6 @@
-"""The one metric a run is judged by (`monitor: {metric, mode}`): it picks the best checkpoint, stops the
-run early, names the checkpoint files and is the score a sweep optimises. Set once; every consumer reads
-it from there (`${monitor.metric}` in the callbacks group), and a module may declare its own default (a class
-attribute `monitor = {"metric": "val/mse", "mode": "min"}`)."""
+"""The one metric a run is judged by (`monitor: {metric, mode}`): best checkpoint, early stop, checkpoint
+names, a sweep's score. Consumers read it from there (`${monitor.metric}` in the callbacks group); a module
+may declare its default (a class attribute `monitor = {"metric": "val/mse", "mode": "min"}`)."""
 
 from __future__ import annotations
 
@@ -58,9 +57,8 @@ def declared(cfg: DictConfig) -> dict[str, Any] | None:
 
 # radon C: fill metric/mode, refuse bad mode, check each consumer
 def settle(cfg: DictConfig) -> None:
-    """Fill `monitor.metric` and `monitor.mode` (the model's default where null) and refuse, in one line, a
-    mode that contradicts the metric's name (unless `monitor.check_mode=false`) or a consumer that
-    monitors something else."""
+    """Fill `monitor.metric` and `monitor.mode` (null: the model's default); refuse in one line a mode
+    contradicting the metric's name (unless `monitor.check_mode=false`) or a consumer monitoring another."""
     if "monitor" not in cfg:
         return
     own = declared(cfg) or FALLBACK
@@ -117,9 +115,8 @@ def uses(cfg: DictConfig) -> str:
 
 
 class MonitorCheck(L.Callback):
-    """Refuses, in one line, a monitor that names no metric the model logs: right after the sanity check
-    (before any training), else at the first validation. Lightning would say so only at its first save,
-    an epoch in, with a traceback."""
+    """Refuses, in one line, a monitor naming no metric the model logs: after the sanity check, else at the
+    first validation. Lightning would say so only at its first save, an epoch in, with a traceback."""
 
     def __init__(self, metric: str, mode: str, used_by: str, refuse: bool = True) -> None:
         """`refuse`: a callback watches it (else only the run's score does: a warning suffices)."""

@@ -1,9 +1,8 @@
-"""The table a sweep (`-m`) ends with: one row per job, its overrides, its score (the run's monitored
-metric, best checkpoint's) and the validation and test metrics its model logged, whatever the task; the
-best score marked. Also written as Markdown under `<log dir>/<task>/sweeps/`. Hydra calls this callback
-(the engine's hydra/default.yaml). A job may run in another process or on another machine
-(hydra/launcher=local or slurm: submitit), so each job writes its row to a folder of the sweep, which
-the command that launched the sweep reads once every job has ended."""
+"""The table a sweep (`-m`) ends with, also as Markdown under `<log dir>/<task>/sweeps/`: a row per job (its
+overrides, its score: the best checkpoint's monitored metric, and the validation and test metrics it logged),
+the best marked. Hydra calls this callback (hydra/default.yaml). Jobs may run elsewhere (hydra/launcher=local
+or slurm), so each writes its row to a folder of the sweep, which the command that launched the sweep reads
+once every job has ended."""
 
 from __future__ import annotations
 
@@ -80,9 +79,8 @@ class SweepTable(Callback):
 
 # radon C: optional columns (monitor, metrics, failed jobs), each a filter
 def tabulate(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[str]]]:
-    """The sweep's title, column names and cells: each row shows the overrides it varies (the title what
-    all share), its score (the best marked where every job has the same monitor, so the scores compare)
-    and every validation and test metric any job logged."""
+    """The sweep's title (what all rows share), columns and cells: each row's varied overrides, its score (the
+    best marked where every job has the same monitor) and every validation and test metric any job logged."""
     metric, mode, best = _judge(rows)
     shared = [o for o in rows[0]["overrides"] if all(o in row["overrides"] for row in rows)]
     logged = sorted({k for row in rows for k in row["metrics"]}, key=lambda k: (k.startswith("test/"), k))

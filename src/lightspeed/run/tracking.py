@@ -1,8 +1,6 @@
-"""Tracked runs continue where they were: a rerun of the same command (resume=auto) logs into the MLflow
-run and the W&B run its first attempt opened, not into new ones. The services make the ids; they are kept
-in the run folder (`tracking.json`, written once the runs exist) and put into the loggers' nodes before
-the loggers are built. W&B logs offline where no key is set (`offline: auto`), to be uploaded later with
-`wandb sync`: a run never waits for a login prompt or a network it cannot reach."""
+"""Tracked runs continue: a rerun of the same command (resume=auto) logs into the MLflow and W&B runs its
+first attempt opened (ids kept in the run folder's `tracking.json`, set in the loggers' nodes before they are
+built). W&B logs offline without a key (`offline: auto`; `wandb sync` later): never waits for a login."""
 
 from __future__ import annotations
 
@@ -54,9 +52,8 @@ def _where(node: Any, kind: type) -> str:
 
 
 def _gone_from_local_store(earlier: dict[str, str]) -> str | None:
-    """Why the stored MLflow run cannot be continued, where its store is a local SQLite file (the default,
-    deleted with logs/, say), which answers at once; None where it can, or where the store is a server,
-    asked only when the logger starts (not to wait here on one that is down)."""
+    """Why the stored MLflow run cannot be continued, for a local SQLite store (deleted with logs/, say); None
+    where it can, or for a server (asked at logger start: no wait here on one that is down)."""
     uri = earlier["at"]
     if not uri.startswith("sqlite:"):
         return None
@@ -141,9 +138,8 @@ def remember(cfg: DictConfig, loggers: list[Logger]) -> None:
 # radon C: MLflow keeps old params
 @rank_zero_only
 def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
-    """The resolved config into every logger, without the tracked runs' ids (which a continued run has
-    and its first attempt had not). A continued MLflow run keeps what its first attempt logged (MLflow
-    refuses to change a param): only new keys are added, and the ones this attempt changed are named."""
+    """The resolved config into every logger, minus the tracked runs' ids; a continued MLflow run keeps its
+    first params (MLflow refuses to change one): only new keys are added, and changed ones named."""
     config = {**config, "logger": {n: _as_logged(node) for n, node in (config.get("logger") or {}).items()}}
     for logger in loggers:
         if not isinstance(logger, MLFlowLogger):

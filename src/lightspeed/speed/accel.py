@@ -24,9 +24,8 @@ LOADER_KNOBS = tuple(k.removeprefix("data.") for k, key in SCHEMA.items() if key
 
 
 def auto_num_workers(devices_per_node: int, device_type: str = "cuda") -> int:
-    """Loader workers per device. On a GPU: the CPUs this process may use, shared among the devices, one
-    kept for the training process itself, at most 8. On a CPU: none, since workers would take cores
-    from the computation itself, and slicing in-memory tensors is cheap."""
+    """Loader workers per device: on a GPU the usable CPUs shared among devices, one kept for training, at
+    most 8; on a CPU none (they would take the computation's cores; slicing in-memory tensors is cheap)."""
     if device_type != "cuda":
         return 0
     return max(0, min(8, cpu_count() // max(1, devices_per_node) - 1))
@@ -105,11 +104,9 @@ def _resolve_flush_denormal(cfg: DictConfig, device: str) -> list[str]:
 
 # radon C: impl x device x optimizer
 def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
-    """`accel.optimizer_impl`: fused (one kernel per parameter tensor, all the update's arithmetic in
-    it), foreach (a few batched kernels), loop (one parameter at a time, op by op), torch (torch's own
-    choice: foreach on CUDA, loop on the CPU) or auto: fused on the CPU, where torch's loop spends most
-    of a small model's optimizer step in Python (AdamW on the small MLP: 185 us fused vs 624 us a step,
-    on the wide one 0.7 vs 5.1 ms: docs/performance.md), and torch's choice elsewhere."""
+    """`accel.optimizer_impl`: fused, foreach, loop, torch (foreach on CUDA, loop on the CPU) or auto: fused
+    on the CPU, where torch's loop spends most of a small model's optimizer step in Python (AdamW, small MLP:
+    185 us fused vs 624 us a step; wide MLP: 0.7 vs 5.1 ms; docs/performance.md), torch elsewhere."""
     impl = str(cfg.get("accel", {}).get("optimizer_impl", "torch"))
     opt = cfg.get("model", {}).get("optimizer")  # eval builds none; a module of your own may make its own
     if impl == "torch" or not opt or "name" not in opt:
@@ -150,16 +147,11 @@ def apply_to_torch(cfg: DictConfig) -> None:
 
 
 def _flush_denormal(flush: bool) -> None:
-    """`accel.flush_denormal`: compute values below 1.2e-38 as zero on the CPU. Momentum of a weight
-    whose gradient stays zero (a dead ReLU unit) decays by 0.9 a step and reaches that range after
-    ~750 steps; x86 CPUs compute with such numbers many times slower. Measured: fused AdamW on a
-    64-1024-1024-10 MLP went from ~5 to ~10 ms a step after ~800 steps, and stayed at ~5-6 ms with
-    flushing (docs/performance.md). GPUs compute denormals at full speed.
-
-    The mode belongs to each thread, and torch's CPU threads copy it when they start: set before any
-    torch work (the command line does), it holds in every thread. Where the threads started earlier in
-    this process with the other mode (a notebook, a hydra -m sweep), the run keeps their mode in every
-    thread, rather than a main thread that computes differently from the rest, and says so."""
+    """`accel.flush_denormal`: compute values below 1.2e-38 as zero on the CPU (GPUs are full speed on them).
+    A dead ReLU unit's momentum gets there after ~750 steps, and x86 CPUs compute them many times slower:
+    fused AdamW on a 64-1024-1024-10 MLP went from ~5 to ~10 ms a step after ~800 steps, ~5-6 ms flushed
+    (docs/performance.md). The mode is per thread, copied by torch's pool threads at their start: if they
+    started earlier with the other mode (a notebook, a hydra -m sweep), the run keeps theirs, and says so."""
     torch.set_flush_denormal(flush)  # `resolve` turned true off where the CPU cannot flush
     if thread_modes() == ("flushed" if flush else "exact"):
         return
@@ -173,11 +165,10 @@ def _flush_denormal(flush: bool) -> None:
 
 
 def resolve_channels_last(cfg: DictConfig, model: torch.nn.Module) -> bool:
-    """`accel.channels_last`, with `auto` resolved for this model (not written back: the run's config is
-    read-only once the model is built): on for a CUDA run of a
-    net with 2-D convolutions (cuDNN's NHWC kernels use the tensor cores: 1.64x for the bench ResNet on
-    an H200, docs/acceleration.md); off elsewhere (a CPU's NCHW kernels are the tuned ones, and an MLP
-    would only pay a layout copy per batch)."""
+    """`accel.channels_last`, `auto` resolved for this model (not written back: the config is read-only once
+    the model is built): on for a CUDA run of a net with 2-D convolutions (cuDNN's NHWC kernels use the tensor
+    cores: 1.64x for the bench ResNet on an H200, docs/acceleration.md); off elsewhere (a CPU's NCHW kernels
+    are the tuned ones; an MLP would only pay a layout copy per batch)."""
     accel = cfg.get("accel")
     wanted = accel.get("channels_last", False) if accel is not None else False
     if wanted == "auto":
@@ -189,9 +180,8 @@ def resolve_channels_last(cfg: DictConfig, model: torch.nn.Module) -> bool:
 
 
 def apply_to_model(cfg: DictConfig, model: L.LightningModule) -> None:
-    """channels_last for the weights and for the inputs of the module's forward; torch.compile of its
-    forward. Nothing is asked of the module but that its steps call it (`self(x)`, the idiomatic
-    Lightning way), and nothing of the DataModule."""
+    """channels_last for the weights and the forward's inputs; torch.compile of the forward. Asks nothing of
+    the module but that its steps call it (`self(x)`), and nothing of the DataModule."""
     accel = cfg.get("accel", {})
     if accel.get("compile", False):
         model.example_input_array = None  # the summary's batch of 2 would compile a second, dynamic graph
@@ -240,9 +230,8 @@ def compile_problem(backend: str, device: str) -> str | None:
 
 
 def compiled_frames() -> int:
-    """How many times torch.compile has compiled a frame in this process so far, first compiles and
-    recompiles alike (dynamo's own counter): a difference between two readings around steady-state
-    steps is the number of recompiles there, each seconds of lost time."""
+    """Frames torch.compile has compiled in this process, recompiles included (dynamo's own counter): the
+    difference around steady-state steps is the number of recompiles, each seconds of lost time."""
     from torch._dynamo.utils import counters
 
     return int(counters["frames"]["total"])

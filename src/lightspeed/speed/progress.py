@@ -13,15 +13,11 @@ from lightspeed.compat.callbacks import EpochOfNoLimit
 
 
 class ProgressBar(EpochOfNoLimit, RichProgressBar):
-    """Advances the bar at most `refresh_rate` times a second, and shows the training metrics as they
-    were at the last logging step (every `trainer.log_every_n_steps`), each epoch's first and last batch.
-
-    Lightning 2.6's RichProgressBar updates the task after every training step (a lock and a dict) and
-    reads every metric back from the device with `.item()`: on a GPU, a wait for all queued work at each
-    step, while the logger reads them only on logging steps. Here the bar reads them on those steps
-    alone, when the logger has waited for them anyway. Step metrics logged with `prog_bar=False` (which
-    spares Lightning's own read of a bar metric after every batch) are shown too: every `train/*` value.
-    """
+    """Advances the bar at most `refresh_rate` times a second and shows the training metrics as of the last
+    logging step (every `trainer.log_every_n_steps`), each epoch's first and last batch. Lightning 2.6's
+    RichProgressBar updates every step and reads every metric with `.item()` (on a GPU, a wait for all queued
+    work); here they are read on logging steps, where the logger has waited anyway. Step metrics logged with
+    `prog_bar=False` (sparing Lightning's per-batch read) show too: every `train/*` value."""
 
     _last_update = float("-inf")
     _shown: dict[str, Any] | None = None  # what the bar shows during training, read at logging steps

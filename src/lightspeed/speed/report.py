@@ -1,9 +1,6 @@
-"""Where the training time goes, measured on every run at almost no cost.
-
-Per step, only host timestamps are taken (two `perf_counter` calls): no device sync. The device is
-synchronised only where the numbers need it: when the warm-up steps end, around validation, and when
-training ends; so samples/s is exact on a GPU too, while per-step figures are the host's cadence.
-"""
+"""Where the training time goes, measured on every run at almost no cost: two host timestamps (`perf_counter`)
+a step, and a device sync only where the numbers need it (warm-up end, around validation, training end), so
+samples/s is exact on a GPU too, while per-step figures are the host's cadence."""
 
 from __future__ import annotations
 
@@ -257,9 +254,8 @@ class SpeedReport(L.Callback):
 
 
 def measure_flops(pl_module: L.LightningModule, batch: Any) -> float | None:
-    """FLOPs of one training step's forward and backward on the batch's inputs (its first element),
-    counted on a copy of the module on the `meta` device, built from its hyperparameters (shapes only: no
-    memory, no time, no effect on the run). None where such a copy cannot be built or run."""
+    """FLOPs of a training step's forward and backward on the batch's first element, on a `meta`-device copy
+    built from the hyperparameters (no memory, time or effect on the run); None where that fails."""
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
     if not isinstance(inputs, torch.Tensor):
         return None
