@@ -136,3 +136,11 @@ def test_a_hand_row_mirrors_its_preset(tmp_path: Path, monkeypatch) -> None:
     assert s.optimizer["fused"] is True and s.precision == "32-true"  # resolved as the preset's run is
     report = json.loads((tmp_path / "speed.json").read_text())
     assert report["timed_steps"] == 4 and report["device"].startswith("cpu")
+
+
+def test_a_hand_row_of_a_module_without_a_scheduler_trains_with_a_constant_rate(tmp_path: Path) -> None:
+    """The contract asks a module for `loss` and `model.optimizer` only: no `scheduler:` block is no
+    schedule, as in its own run (was: 'Input cfg is not an OmegaConf config object')."""
+    overrides = ["trainer.accelerator=cpu", "model.scheduler=null", "++trainer.max_steps=4"]
+    assert bench.main(["--hand-run", str(tmp_path), "--steps", "2", "--warmup", "1", *overrides]) == 0
+    assert json.loads((tmp_path / "speed.json").read_text())["timed_steps"] == 2

@@ -156,11 +156,12 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
             file=sys.stderr,
         )
         return 2
+    schedule = cfg.model.get("scheduler")
     settings = handloop.Settings(
         device=device,
         batch_size=int(cfg.data.batch_size),
         optimizer=OmegaConf.to_container(cfg.model.optimizer, resolve=True),
-        scheduler=OmegaConf.to_container(cfg.model.get("scheduler") or {"name": "none"}, resolve=True),
+        scheduler=OmegaConf.to_container(schedule, resolve=True) if schedule else {},  # none: a constant rate
         schedule_steps=int(cfg.trainer.max_steps),
         steps=steps,
         warmup=warmup if warmup == "auto" else int(warmup),
