@@ -113,14 +113,19 @@ def run_module(module: str, *args: str, cwd: Path, timeout: float = 240) -> subp
     )
 
 
-def command_line(args: list[str], log_dir: Path, config_name: str = "train") -> list[DictConfig]:
-    """`python -m lightspeed.<config_name> <args>` in process, up to its task: Hydra's one composition and
-    the checks before any folder (`entry.run`), a ConfigError where the command line prints one line; the
-    configs its task (each job's, in a sweep) would get. Hydra leaves the test's logging alone."""
+def command_line(
+    args: list[str],
+    log_dir: Path,
+    config_name: str = "train",
+    task: Callable[[DictConfig], object] | None = None,
+) -> list[DictConfig]:
+    """`python -m lightspeed.<config_name> <args>` in process: Hydra's one composition and the checks before
+    any folder (`entry.run`), a ConfigError where the command line prints one line; then `task`, or the
+    configs it would get (each job's, in a sweep). Hydra leaves the test's logging alone."""
     got: list[DictConfig] = []
     quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
     with mock.patch.object(sys, "argv", ["lightspeed", *args, f"paths.log_dir={log_dir}", *quiet]):
-        entry.run(config_name, got.append)
+        entry.run(config_name, task or got.append)
     return got
 
 

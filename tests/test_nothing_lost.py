@@ -110,6 +110,26 @@ def test_a_run_s_time_is_the_sum_of_its_attempts_preempted_resumed_and_rerun(
     assert row == str(total)
 
 
+def test_a_command_whose_task_refuses_its_config_leaves_no_folder_and_an_existing_one_untouched(
+    tmp_path: Path, capsys
+) -> None:
+    """`make export` with no training run (or without its extra) is one line; Hydra had made the run folder
+    (`.hydra/`, the log): that goes too. A folder that already held files keeps them."""
+    from lightspeed.export import run as export
+
+    logs = tmp_path / "logs"
+    with pytest.raises(SystemExit) as stop:
+        command_line(["run_name=fresh"], logs, "export", export)
+    assert stop.value.code == 2 and "ckpt_path=latest found no training run" in capsys.readouterr().err
+    assert not (logs / "export" / "runs" / "fresh").exists()
+    kept = logs / "export" / "runs" / "kept"
+    kept.mkdir(parents=True)
+    (kept / "model.onnx").write_bytes(b"an earlier export")
+    with pytest.raises(SystemExit):
+        command_line(["run_name=kept"], logs, "export", export)
+    assert (kept / "model.onnx").read_bytes() == b"an earlier export"
+
+
 def test_a_run_from_before_stored_identities_resumes_with_a_warning(train_cfg, run_dir: Path) -> None:
     train(train_cfg(*FIT))
     (run_dir / identity.RECORD_FILE).unlink()

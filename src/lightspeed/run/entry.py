@@ -7,6 +7,7 @@ import copy
 import importlib.util
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -66,7 +67,12 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
     def _run(cfg: DictConfig) -> Any:
         started.append(True)
         route_to_run_log()
-        return task(cfg)  # Hydra sweepers read the return value
+        try:
+            return task(cfg)  # Hydra sweepers read the return value
+        except SystemExit as stop:
+            if stop.code == 2:  # the task refused its config: a folder of Hydra's files alone is not a run
+                _remove_if_bare(Path(HydraConfig.get().runtime.output_dir))
+            raise
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of printing a dozen lines
     GlobalHydra.instance().clear()
@@ -80,6 +86,12 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
         raise err if isinstance(err, ConfigError) else ConfigError(composition_error(err, args)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def _remove_if_bare(folder: Path) -> None:
+    """Remove a run folder that holds only what Hydra wrote for this run (`.hydra/`, the log)."""
+    if folder.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in folder.iterdir()):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class _Refused(BaseException):
