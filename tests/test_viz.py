@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY
+from lightspeed.eval import _pictures
 from lightspeed.eval import run as evaluate
 from lightspeed.report import viz
 from lightspeed.run.entry import compose_config
@@ -64,3 +65,22 @@ def test_a_model_with_nothing_to_show_is_one_line(tmp_path: Path, capsys) -> Non
         .splitlines()[-1]
         .startswith("error: viz=true: nothing to show for Regressor: it has no convolution layers")
     )
+
+
+@pytest.mark.parametrize(
+    ("maps", "worst", "said"),
+    [
+        (True, False, "only feature_maps.png: Net's predict_step gives no target, pred and prob"),
+        (False, True, "only predictions.png: Net has no convolution layers"),
+    ],
+)
+def test_one_picture_of_two_says_why_the_other_is_missing(tmp_path: Path, caplog, maps, worst, said) -> None:
+    """A module with convolutions but no class probabilities (or the reverse) gets its one picture and a
+    line on the other, never silence."""
+    found = viz.Intermediates()
+    found.first_inputs = torch.randn(2, 1, 8, 8)
+    found.maps = {"conv": torch.randn(2, 4, 8, 8)} if maps else {}
+    found.worst = [(0.9, torch.randn(1, 8, 8), 1, 2, 0.9)] if worst else []
+    with caplog.at_level("INFO"):
+        _pictures(found, tmp_path, None, "Net")
+    assert said in caplog.text

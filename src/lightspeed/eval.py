@@ -101,6 +101,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
+_NO_GALLERY = "predict_step gives no target, pred and prob"
+
+
 def _pictures(found: viz.Intermediates, run_dir: Path, class_names: list[str] | None, name: str) -> str:
     """viz=true: feature_maps.png and predictions.png, whichever the model has something for; one line
     when it has neither (no convolution layers, no predict_step giving target, pred and prob)."""
@@ -114,11 +117,15 @@ def _pictures(found: viz.Intermediates, run_dir: Path, class_names: list[str] | 
             viz.feature_maps(found, run_dir / viz.FEATURE_MAPS_FILE),
             viz.gallery(found, run_dir / viz.GALLERY_FILE, class_names),
         ]
-        if not any(drawn):
+        maps, gallery = drawn
+        if maps is None and gallery is None:
             raise ConfigError(
                 f"viz=true: nothing to show for {name}: it has no convolution layers (feature maps) and its "
-                "predict_step gives no target, pred and prob (a gallery of predictions)"
+                f"{_NO_GALLERY} (a gallery of predictions)"
             )
+        if maps is None or gallery is None:  # one of the two: say why the other is missing
+            why = f"{name} has no convolution layers" if maps is None else f"{name}'s {_NO_GALLERY}"
+            rank_zero_info(f"viz=true: only {(maps or gallery).name}: {why}")
     return ", ".join(str(p) for p in drawn if p is not None)
 
 
