@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import open_dict
 
 from conftest import LIMIT, TINY
 from lightspeed.core.device import gpu_model, math_mode, peak_flops
@@ -275,6 +276,9 @@ def test_model_checkpoint_skips_per_step_checks_and_still_saves_every_n_train_st
     for target in ["lightning.pytorch.callbacks.ModelCheckpoint", "lightspeed.callbacks.ModelCheckpoint"]:
         checks.clear()
         cfg.callbacks.model_checkpoint._target_ = target
+        if target.startswith("lightning"):  # Lightning's own writes last.ckpt with each new best
+            with open_dict(cfg):
+                del cfg.callbacks.model_checkpoint.last_every_s
         cfg.paths.output_dir = str(run_dir / target)  # a fresh run each time, not a resumed one
         train(cfg.copy())
         counts.append(checks.count("on_train_batch_end"))
@@ -313,10 +317,40 @@ def test_last_checkpoint_follows_every_epoch_even_without_a_new_best(
         "monitor.mode=max",
         "monitor.check_mode=false",
         f"callbacks.model_checkpoint._target_={target}",
+        *([] if target.startswith("lightspeed") else ["~callbacks.model_checkpoint.last_every_s"]),
     )
     train(cfg)
     step = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert (step == 20) == target.startswith("lightspeed"), step  # Lightning's own keeps an older one
+
+
+@pytest.mark.parametrize(("every_s", "writes"), [(0, [5, 10, 15, 20]), (3600, [5, 20])])
+def test_last_checkpoint_is_written_on_its_cadence_and_at_the_end(
+    train_cfg, run_dir: Path, monkeypatch, every_s: int, writes: list[int]
+) -> None:
+    """A small model's epoch can take less time than saving last.ckpt: it is written at most once every
+    `last_every_s` (the first epoch's end included), and always at the end: a finished run's last step."""
+    from lightspeed.resilience.checkpoint import AtomicCheckpointIO
+
+    saved: list[int] = []
+    real = AtomicCheckpointIO.save_checkpoint
+
+    def spy(self, checkpoint, path, storage_options=None):
+        if Path(path).name == "last.ckpt":
+            saved.append(checkpoint["global_step"])
+        return real(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", spy)
+    cfg = train_cfg(
+        *TINY,
+        "trainer.max_epochs=4",
+        "test_after_fit=false",
+        "callbacks.early_stopping=null",
+        f"callbacks.model_checkpoint.last_every_s={every_s}",
+    )
+    train(cfg)
+    assert saved == writes
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20
 
 
 def test_empty_per_batch_hooks_are_not_called_and_implemented_ones_are(train_cfg, run_dir: Path) -> None:

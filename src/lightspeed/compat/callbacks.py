@@ -6,7 +6,9 @@ class names stay Lightning's, so `state_key` and the checkpoints they write are 
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,12 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
     _save_after_validation = False
 
     def __init__(
-        self, *args: Any, filename: str | None = None, monitor: str | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        filename: str | None = None,
+        monitor: str | None = None,
+        last_every_s: float = 0,
+        **kwargs: Any,
     ) -> None:
         if filename is None and monitor:  # epoch005-val_acc_0.9944.ckpt: the name says what picked it
             slug = re.sub(r"[^\w.-]", "_", monitor)
@@ -56,6 +63,8 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
         #: The validation metrics (`val/...`) of the best checkpoint, as it was saved: a summary can show
         #: the best checkpoint's accuracy and loss beside the last one's, whichever metric picked it.
         self.best_metrics: dict[str, float] = {}
+        self.last_every_s = last_every_s
+        self._last_written = (-1, -math.inf)  # (global step, time.monotonic()) last.ckpt was written at
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         if self.monitor and filepath == self.best_model_path:  # Lightning names the new best, then saves it
@@ -99,12 +108,29 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
         if self.save_last and due and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
+    def _save_last_checkpoint(
+        self, trainer: L.Trainer, candidates: dict[str, Any], final: bool = False
+    ) -> None:
+        """last.ckpt at most once every `last_every_s` seconds, and at the end of the fit: a small model's
+        epoch can take less time than writing it (a preemption saves it at once, `Preemption`)."""
+        step, written = self._last_written
+        if step == trainer.global_step or (not final and time.monotonic() - written < self.last_every_s):
+            return
+        super()._save_last_checkpoint(trainer, candidates)
+        self._last_written = (trainer.global_step, time.monotonic())
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self.save_last and not trainer.fast_dev_run:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer), final=True)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A resumed run does not save its starting step again: that checkpoint is the one it resumed from.
         (Lightning forgets which step it saved last; finishing a resumed epoch would rewrite last.ckpt.)"""
         super().on_train_start(trainer, pl_module)
         if trainer.global_step > 0:
             self._last_global_step_saved = trainer.global_step
+            self._last_written = (trainer.global_step, time.monotonic())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """A run's files are its own wherever its folder now is: paths saved before it was moved or copied

@@ -205,6 +205,9 @@ SCHEMA: dict[str, Key] = {
     "callbacks.nonfinite.check_every_n_steps": Key(*_int_at_least(1), identity=False),
     "callbacks.nonfinite.max_consecutive_skips": Key(*_int_at_least(1)),
     "callbacks.preemption.check_every_n_steps": Key(*_int_at_least(1)),
+    "callbacks.model_checkpoint.last_every_s": Key(
+        lambda v: is_number(v) and v >= 0, "seconds >= 0 (0: at every epoch end)", identity=False
+    ),
     "callbacks.speed_report.warmup_steps": Key(
         lambda v: v == "auto" or (is_int(v) and v >= 0),
         "auto (until the step time settles) or an integer >= 0",
