@@ -806,17 +806,21 @@ def test_a_bad_input_is_one_line_and_exit_2_before_any_training(
 # What a second reading found
 
 
-def test_a_yaml_alias_bomb_in_conf_is_one_line_before_hydra_builds_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["aliases", "nesting"])
+def test_a_yaml_bomb_through_config_dir_is_one_line_before_hydra_builds_it(tmp_path: Path, kind: str) -> None:
     """Nine levels of nine aliases: 9^9 (387 million) values once copied out, which Hydra would build for
-    minutes. Counted on the node graph, it is refused at once; the shipped conf/ passes."""
+    minutes (a hang); or 20,000 nested lists (Hydra's RecursionError traceback). Read on PyYAML's node
+    graph, either is refused at once, in a `--config-dir` of the command line too; conf/ passes."""
     from lightspeed.core.config import check_yaml_sizes
 
     lines = ["# @package _global_", 'l0: &l0 ["x","x","x","x","x","x","x","x","x"]']
     lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)]
-    (tmp_path / "conf" / "experiment").mkdir(parents=True)
-    (tmp_path / "conf" / "experiment" / "bomb.yaml").write_text("\n".join(lines) + "\n")
-    with pytest.raises(ConfigError, match=r"^conf/experiment/bomb\.yaml would expand to \d{9,} values"):
-        check_yaml_sizes(tmp_path / "conf")  # at once: the nodes are counted, not built
+    text = "\n".join(lines) if kind == "aliases" else "a: " + "[" * 20_000 + "]" * 20_000
+    (tmp_path / "extra" / "experiment").mkdir(parents=True)
+    (tmp_path / "extra" / "experiment" / "bomb.yaml").write_text(text + "\n")
+    said = r"would expand to \d{9,} values" if kind == "aliases" else "is nested too deeply to read"
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}/extra/experiment/bomb\.yaml {said}"):
+        command_line(["--config-dir", str(tmp_path / "extra"), "experiment=bomb"], tmp_path / "logs")
     check_yaml_sizes()  # the repository's own
 
 

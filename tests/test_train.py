@@ -147,6 +147,8 @@ def test_eval_latest_takes_the_newest_run_that_has_a_best_checkpoint(tmp_path: P
         facts = {"best_checkpoint": str(runs / str(i) / best) if best else None}
         (runs / str(i) / SUMMARY_FILE).write_text(json.dumps(facts))
         os.utime(runs / str(i) / SUMMARY_FILE, (1000 + i, 1000 + i))
+    (runs / "3").mkdir()
+    (runs / "3" / SUMMARY_FILE).write_text('{"a":' * 50_000 + "1" + "}" * 50_000)  # the newest: unreadable
     assert find_checkpoint("latest", tmp_path) == runs / "1" / "b.ckpt"
     with pytest.raises(ConfigError, match="found no training run with a best checkpoint"):
         find_checkpoint("latest", tmp_path / "elsewhere")

@@ -364,20 +364,36 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
 MAX_YAML_VALUES = 100_000
 
 
-def check_yaml_sizes(conf_dir: Path = CONF_DIR) -> None:
+def config_dirs(args: Sequence[str]) -> list[Path]:
+    """The folders a command line adds to the search path (`--config-dir X`, `-cd X`, `--config-dir=X`)."""
+    return [
+        Path(args[i + 1] if a in ("--config-dir", "-cd") and i + 1 < len(args) else a.partition("=")[2])
+        for i, a in enumerate(args)
+        if a in ("--config-dir", "-cd") or a.startswith("--config-dir=")
+    ]
+
+
+def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,)) -> None:
     """Refuse a yaml file whose aliases (`*name`) expand past MAX_YAML_VALUES values (Hydra would build every
-    copy, hanging for minutes), counted on PyYAML's node graph, each aliased node once."""
+    copy, hanging for minutes), counted on PyYAML's node graph, each aliased node once; or nested deeper than
+    Python's recursion limit (Hydra's traceback)."""
     import yaml
 
-    for path in sorted(conf_dir.rglob("*.yaml")):
+    groups = {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir()}
+    files: set[Path] = set()
+    for folder in map(Path, folders):  # what Hydra may read there: primary configs, the groups' options
+        files |= {*folder.glob("*.yaml"), *(p for g in groups for p in (folder / g).rglob("*.yaml"))}
+    for path in sorted(files):
         try:
             root = yaml.compose(path.read_text())
-        except yaml.YAMLError:
+            n = _expanded(root, {}) if root is not None else 0
+        except (yaml.YAMLError, OSError, UnicodeDecodeError):
             continue  # Hydra's own error says what is wrong with it
-        if root is not None and (n := _expanded(root, {})) > MAX_YAML_VALUES:
+        except RecursionError:
+            raise ConfigError(f"{path} is nested too deeply to read: flatten it") from None
+        if n > MAX_YAML_VALUES:
             raise ConfigError(
-                f"{path.relative_to(conf_dir.parent)} would expand to {n} values through its aliases "
-                "(*name): remove the repeated aliases"
+                f"{path} would expand to {n} values through its aliases (*name): remove the repeated aliases"
             )
 
 
@@ -448,11 +464,7 @@ def is_group(name: str, conf_dirs: Sequence[Path] = CONF_DIRS) -> bool:
 def check_group_choices(args: Sequence[str], conf_dirs: Sequence[Path] = CONF_DIRS) -> None:
     """Refuse, in one line before Hydra composes, a `group=option` whose option has no file (conf/, the
     engine's groups, a `--config-dir`): Hydra's own message is a dozen lines and exits with 1."""
-    folders = [*conf_dirs] + [
-        Path(args[i + 1] if a in ("--config-dir", "-cd") and i + 1 < len(args) else a.partition("=")[2])
-        for i, a in enumerate(args)
-        if a in ("--config-dir", "-cd") or a.startswith("--config-dir=")
-    ]
+    folders = [*conf_dirs, *config_dirs(args)]
     for arg in args:
         # a,b,c: a multirun sweep over options; [a,b]: options of one group at once (logger=[csv,mlflow])
         match = re.fullmatch(r"([A-Za-z_][\w/]*)=\[?([\w.,-]+)\]?", arg)

@@ -32,7 +32,7 @@ def read_json(path: Path) -> Any:
     itself, read as data (the caller checks its shape)."""
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than json can read
         return None
 
 
