@@ -130,6 +130,17 @@ def test_a_command_whose_task_refuses_its_config_leaves_no_folder_and_an_existin
     assert (kept / "model.onnx").read_bytes() == b"an earlier export"
 
 
+def test_a_run_folder_that_cannot_be_written_is_one_line(train_cfg, run_dir: Path, capsys) -> None:
+    """run.json made a folder (or a read-only run folder): the rerun says which file it cannot write."""
+    train(train_cfg(*FIT))
+    (run_dir / identity.RECORD_FILE).unlink()
+    (run_dir / identity.RECORD_FILE).mkdir()
+    code, line = _fails(lambda: train(train_cfg(*FIT)), capsys)
+    assert code == 2 and line.startswith(
+        f"error: cannot write {run_dir / identity.RECORD_FILE} (Is a directory)"
+    )
+
+
 def test_a_run_from_before_stored_identities_resumes_with_a_warning(train_cfg, run_dir: Path) -> None:
     train(train_cfg(*FIT))
     (run_dir / identity.RECORD_FILE).unlink()

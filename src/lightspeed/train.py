@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.compat.trainer import kill_launched_ranks, launched_ranks
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train
+from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train, writing_run_folder
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.report.curves import CurvesLogger
@@ -138,7 +138,7 @@ class Run:
     def _plan(self) -> Plan:
         cfg = self.cfg
         silence_known_noise()
-        with exit_on_config_error():
+        with exit_on_config_error(), writing_run_folder():
             validate_train(cfg)
             ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves
             with open_dict(cfg):

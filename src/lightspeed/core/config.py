@@ -42,6 +42,19 @@ def exit_on_config_error() -> Iterator[None]:
         raise SystemExit(CONFIG_ERROR_EXIT) from None
 
 
+@contextmanager
+def writing_run_folder() -> Iterator[None]:
+    """An OSError writing a run's own files (a read-only folder, a folder where a file goes) as one line."""
+    try:
+        yield
+    except OSError as err:
+        where = err.filename2 or err.filename or "the run folder"
+        raise ConfigError(
+            f"cannot write {where} ({err.strerror or err}): make it writable and move what is in its way, or "
+            "run elsewhere (run_name=<new name> or paths.log_dir=<folder>)"
+        ) from None
+
+
 _ABSENT = object()
 
 
