@@ -353,6 +353,28 @@ def test_last_checkpoint_is_written_on_its_cadence_and_at_the_end(
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20
 
 
+@pytest.mark.parametrize("rank_zero_says", [False, True])
+def test_last_checkpoint_cadence_follows_rank_zero_s_clock(
+    tmp_path: Path, monkeypatch, rank_zero_says
+) -> None:
+    """A save is collective (every rank enters it): a rank whose own clock says due follows rank 0's."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import ModelCheckpoint as Stock
+
+    from lightspeed.callbacks import ModelCheckpoint
+
+    saved: list[int] = []
+    monkeypatch.setattr(
+        Stock, "_save_last_checkpoint", lambda self, trainer, c: saved.append(trainer.global_step)
+    )
+    callback = ModelCheckpoint(dirpath=tmp_path, save_last=True, last_every_s=60)
+    callback._last_written = (3, time.monotonic() - 61)  # this rank's clock: due
+    strategy = SimpleNamespace(broadcast=lambda due: rank_zero_says)
+    callback._save_last_checkpoint(SimpleNamespace(world_size=2, global_step=5, strategy=strategy), {})
+    assert saved == ([5] if rank_zero_says else [])
+
+
 def test_empty_per_batch_hooks_are_not_called_and_implemented_ones_are(train_cfg, run_dir: Path) -> None:
     """Lightning profiles every hook call, done or not: the profiler's own record shows which ran."""
     from lightning.pytorch.callbacks import LearningRateMonitor

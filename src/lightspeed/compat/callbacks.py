@@ -114,7 +114,10 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
         """last.ckpt at most once every `last_every_s` seconds, and at the end of the fit: a small model's
         epoch can take less time than writing it (a preemption saves it at once, `Preemption`)."""
         step, written = self._last_written
-        if step == trainer.global_step or (not final and time.monotonic() - written < self.last_every_s):
+        due = final or time.monotonic() - written >= self.last_every_s
+        if not final and trainer.world_size > 1:  # a save is collective: rank 0's clock decides for all
+            due = trainer.strategy.broadcast(due)
+        if step == trainer.global_step or not due:
             return
         super()._save_last_checkpoint(trainer, candidates)
         self._last_written = (trainer.global_step, time.monotonic())
