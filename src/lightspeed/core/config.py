@@ -392,11 +392,7 @@ def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,)) -> None:
     Python's recursion limit (Hydra's traceback)."""
     import yaml
 
-    groups = {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir()}
-    files: set[Path] = set()
-    for folder in map(Path, folders):  # what Hydra may read there: primary configs, the groups' options
-        files |= {*folder.glob("*.yaml"), *(p for g in groups for p in (folder / g).rglob("*.yaml"))}
-    for path in sorted(files):
+    for path in _yaml_files(folders):
         try:
             root = yaml.compose(path.read_text())
             n = _expanded(root, {}) if root is not None else 0
@@ -408,6 +404,15 @@ def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,)) -> None:
             raise ConfigError(
                 f"{path} would expand to {n} values through its aliases (*name): remove the repeated aliases"
             )
+
+
+def _yaml_files(folders: Sequence[Path]) -> list[Path]:
+    """What Hydra may read in these folders: their primary configs and the options of the known groups."""
+    groups = {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir()}
+    files: set[Path] = set()
+    for folder in map(Path, folders):
+        files |= {*folder.glob("*.yaml"), *(p for g in groups for p in (folder / g).rglob("*.yaml"))}
+    return sorted(files)
 
 
 def _expanded(node: Any, sizes: dict[int, int]) -> int:
