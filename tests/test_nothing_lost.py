@@ -128,6 +128,15 @@ def test_a_command_whose_task_refuses_its_config_leaves_no_folder_and_an_existin
     with pytest.raises(SystemExit):
         command_line(["run_name=kept"], logs, "export", export)
     assert (kept / "model.onnx").read_bytes() == b"an earlier export"
+    mine = tmp_path / "mine"  # a folder of the user's that holds only logs, or nothing, named as the run's
+    mine.mkdir()
+    (mine / "notes.log").write_text("mine")
+    for folder in (mine, tmp_path / "empty"):
+        folder.mkdir(exist_ok=True)
+        with pytest.raises(SystemExit):
+            command_line([f"hydra.run.dir={folder}"], logs, "export", export)
+        assert folder.is_dir()
+    assert (mine / "notes.log").read_text() == "mine"
 
 
 def test_a_run_folder_that_cannot_be_written_is_one_line(train_cfg, run_dir: Path, capsys) -> None:

@@ -72,7 +72,7 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
             return task(cfg)  # Hydra sweepers read the return value
         except SystemExit as stop:
             if stop.code == 2:  # the task refused its config: a folder of Hydra's files alone is not a run
-                _remove_if_bare(Path(HydraConfig.get().runtime.output_dir))
+                _remove_if_new(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().job.name)
             raise
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of printing a dozen lines
@@ -89,10 +89,18 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
         GlobalHydra.instance().clear()
 
 
-def _remove_if_bare(folder: Path) -> None:
-    """Remove a run folder that holds only what Hydra wrote for this run (`.hydra/`, the log)."""
-    if folder.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in folder.iterdir()):
-        shutil.rmtree(folder, ignore_errors=True)
+#: The run folders that did not exist when `Checks` saw the run start: Hydra made them for this run.
+_NEW_FOLDERS: set[Path] = set()
+
+
+def _remove_if_new(folder: Path, job: str) -> None:
+    """Remove a run folder Hydra made for this run if it holds only Hydra's files (`.hydra/`, the log)."""
+    ours = {folder / ".hydra", folder / f"{job}.log"}
+    if folder.resolve() not in _NEW_FOLDERS or not set(folder.iterdir()) <= ours:
+        return
+    shutil.rmtree(folder / ".hydra", ignore_errors=True)
+    (folder / f"{job}.log").unlink(missing_ok=True)
+    folder.rmdir()
 
 
 class _Refused(BaseException):
@@ -113,6 +121,9 @@ class Checks(Callback):
             _check(config)
         except Exception as err:
             raise _Refused(err) from None
+        folder = Path(str(config.hydra.run.dir)).resolve()
+        if not folder.exists():
+            _NEW_FOLDERS.add(folder)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
