@@ -108,6 +108,8 @@ def test_a_run_s_time_is_the_sum_of_its_attempts_preempted_resumed_and_rerun(
     assert total == round(sum(a["fit_seconds"] for a in attempts), 2) and total > attempts[-1]["fit_seconds"]
     row = next(iter(table({"run": json.loads((run_dir / "summary.json").read_text())}).columns[-1].cells))
     assert row == str(total)
+    train(train_cfg(*FIT, "debug=limit"))  # a debug run in its folder adds no attempt: it changes none
+    assert json.loads((run_dir / identity.RECORD_FILE).read_text())["attempts"] == attempts
 
 
 def test_a_command_whose_task_refuses_its_config_leaves_no_folder_and_an_existing_one_untouched(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR, __version__
@@ -113,22 +114,26 @@ def write_record(run_dir: Path, ident: dict[str, Any], adopted: bool = False) ->
     record = read_record(run_dir) or {"identity": digest(ident), "config": ident, "adopted": adopted}
     record["identity"], record["config"] = digest(ident), ident
     attempt = {"started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-    attempt |= {"lightspeed": __version__, **code_commit()}
+    attempt |= {"lightspeed": __version__, **code_commit(), "pid": os.getpid()}
     record.setdefault("attempts", []).append(attempt)
     write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
 
 
 def add_fit_seconds(run_dir: Path, seconds: float) -> float:
     """Keep this attempt's fit time in run.json (rank 0 writes) and return the run's total over its
-    attempts: a resumed or rerun run adds to its time, never replaces it."""
+    attempts: a resumed or rerun run adds to its time, never replaces it. A run that adds no attempt (a
+    debug run saves no checkpoint) leaves the others' alone."""
     record = read_record(run_dir) or {}
     found = record.get("attempts")
     attempts = [a for a in found if isinstance(a, dict)] if isinstance(found, list) else []
-    if not attempts:
+    if not attempts or attempts[-1].get("pid") != os.getpid() or "fit_seconds" in attempts[-1]:
         return seconds
     attempts[-1]["fit_seconds"] = round(seconds, 2)
     if rank_zero_only.rank == 0:
-        write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
+        try:
+            write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
+        except OSError as err:  # the run's own exit (a preemption's 143) matters more than this record
+            rank_zero_warn(f"{RECORD_FILE}: this attempt's fit time not kept ({err.strerror or err})")
     return sum(t for a in attempts if isinstance(t := a.get("fit_seconds"), (int, float)))
 
 
