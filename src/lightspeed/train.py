@@ -138,7 +138,7 @@ class Run:
     def _plan(self) -> Plan:
         cfg = self.cfg
         silence_known_noise()
-        with exit_on_config_error(), writing_run_folder():
+        with exit_on_config_error():
             validate_train(cfg)
             ident = identity.of(cfg)  # what the run computes, as composed: before `accel` resolves
             with open_dict(cfg):
@@ -146,10 +146,12 @@ class Run:
             monitor.settle(cfg)  # ... and before the model's monitor fills the config's
             refuse_multirun_with_ddp(cfg)
             run_dir = Path(cfg.paths.output_dir)
-            self._held.enter_context(lock.held(run_dir))  # until the run ends, however
+            with writing_run_folder():  # its lock and run.json
+                self._held.enter_context(lock.held(run_dir))  # until the run ends, however
             idle = accel.resolve(cfg)
             tracking.continue_runs(cfg)
-            resume_from, resumed = resume.start(cfg, ident)
+            with writing_run_folder():
+                resume_from, resumed = resume.start(cfg, ident)
         OmegaConf.set_readonly(cfg, True)
         self._held.callback(OmegaConf.set_readonly, cfg, None)  # the caller's again when the run ends
         accel.apply_to_torch(cfg)

@@ -41,7 +41,7 @@ def write_text_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, newline="")  # as given: no line-end translation
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)

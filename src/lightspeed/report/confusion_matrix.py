@@ -29,7 +29,7 @@ def write(matrix: torch.Tensor, run_dir: Path, class_names: Sequence[str] | None
         list(class_names) if class_names is not None and len(class_names) == n else [str(i) for i in range(n)]
     )
     text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
+    writer = csv.writer(text)  # csv's own line ends (\r\n), as predictions.csv has them
     writer.writerow(["true \\ predicted", *names])
     writer.writerows([name, *row] for name, row in zip(names, counts.tolist(), strict=True))
     out = run_dir / CSV_FILE

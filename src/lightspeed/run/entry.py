@@ -80,6 +80,12 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
     try:
         with process_group_released():  # once a process: the jobs of a sweep in one rank share it
             return _run()
+    except RecursionError:
+        if started:
+            raise
+        raise ConfigError(
+            "the config nests too deeply to compose (a yaml file of nested lists or maps?): flatten it"
+        ) from None
     except (_Refused, HydraException, OmegaConfBaseException) as caught:
         err = caught.error if isinstance(caught, _Refused) else caught
         if started or not isinstance(err, (ConfigError, HydraException, OmegaConfBaseException)):
