@@ -80,6 +80,9 @@ def test_hydra_composes_a_run_as_often_as_a_bare_hydra_app(
     assert ours == len(calls) == 2
     with pytest.raises(ConfigError, match=r"^trainer.max_epochs='many' is invalid"):
         command_line(["trainer.max_epochs=many"], tmp_path)
+    inherited = r"^trainer.enable_progress_bar='maybe' is invalid: use true or false \(its default is true\)"
+    with pytest.raises(ConfigError, match=inherited):  # trainer/cpu.yaml builds on trainer/default.yaml
+        command_line(["trainer=cpu", "trainer.enable_progress_bar=maybe"], tmp_path)
     own_type = r"^model.net.n_embd='abc' is invalid: use an integer \(its default is 64\)"  # its type
     with pytest.raises(ConfigError, match=own_type):
         command_line(["experiment=sort_gpt", "model.net.n_embd=abc"], tmp_path)

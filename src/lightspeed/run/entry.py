@@ -176,22 +176,36 @@ class _Defaults:
         self.choices = {k: v for k, v in runtime.choices.items() if v is not None and "/" not in k}
         self.primary = f"{config.hydra.job.config_name}.yaml"
 
-    def _select(self, name: str, path: str) -> Any:
+    def _load(self, name: str) -> tuple[Any, bool]:
+        """The first file `name` of the search path, as written (interpolations unresolved), and whether
+        its package is `_global_` (its keys are full keys); (None, False) where there is none."""
         for folder in self.folders:
             if (folder / name).is_file():
-                found = _plain(OmegaConf.load(folder / name))  # as written: its interpolations unresolved
-                for part in path.split("."):
-                    found = found.get(part, _ABSENT) if isinstance(found, dict) else _ABSENT
-                return found
-        return _ABSENT
+                text = (folder / name).read_text()
+                return _plain(OmegaConf.create(text)), text.lstrip().startswith("# @package _global_")
+        return None, False
+
+    def _options(self, group: str, option: str) -> list[str]:
+        """`group/option.yaml`, then the options of its group that its defaults list names (trainer/cpu.yaml
+        builds on trainer/default.yaml): where a key it does not set has its default."""
+        names, todo = [], [option]
+        while todo and len(names) < 20:
+            names.append(f"{group}/{todo.pop(0)}.yaml")
+            found, _ = self._load(names[-1])
+            entries = found.get("defaults") if isinstance(found, dict) else None
+            todo += [e for e in entries or [] if isinstance(e, str) and e != "_self_" and "/" not in e]
+        return names
 
     def get(self, key: str) -> Any:
         """The default of `key`, or None where no file sets it (an added key: no type to keep)."""
         group, _, rest = key.partition(".")
-        pairs = (("experiment", key), (group, rest))
-        tries = [(f"{g}/{self.choices[g]}.yaml", path) for g, path in pairs if g in self.choices and path]
-        for name, path in [*tries, (self.primary, key)]:
-            found = self._select(name, path)
+        names = [f"experiment/{self.choices['experiment']}.yaml"] if "experiment" in self.choices else []
+        names += self._options(group, self.choices[group]) if group in self.choices and rest else []
+        for name in [*names, self.primary]:
+            found, is_global = self._load(name)
+            in_group = name.startswith(f"{group}/") and not is_global
+            for part in (rest if in_group else key).split("."):
+                found = found.get(part, _ABSENT) if isinstance(found, dict) else _ABSENT
             if found is not _ABSENT:
                 return found
         return None
