@@ -828,8 +828,19 @@ def test_a_bad_input_is_one_line_and_exit_2_before_any_training(
 # What a second reading found
 
 
-@pytest.mark.parametrize("kind", ["aliases", "nesting", "nesting_hydra"])
-def test_a_yaml_bomb_through_config_dir_is_one_line_before_hydra_builds_it(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "group", "flag"),
+    [
+        ("aliases", "experiment", "--config-dir"),
+        ("aliases", "mygroup", "-cd="),  # a group of the command line's own (+mygroup=bomb), the = form
+        ("aliases", "experiment", "--config-d"),  # an abbreviation argparse takes
+        ("nesting", "experiment", "--config-dir"),
+        ("nesting_hydra", "experiment", "--config-dir"),
+    ],
+)
+def test_a_yaml_bomb_through_config_dir_is_one_line_before_hydra_builds_it(
+    tmp_path: Path, kind: str, group: str, flag: str
+) -> None:
     """Nine levels of nine aliases: 9^9 (387 million) values once copied out, which Hydra would build for
     minutes (a hang); or 20,000 nested lists (Hydra's RecursionError traceback). Read on PyYAML's node
     graph, either is refused at once, in a `--config-dir` of the command line too; conf/ passes."""
@@ -839,14 +850,16 @@ def test_a_yaml_bomb_through_config_dir_is_one_line_before_hydra_builds_it(tmp_p
     lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)]
     depth = 300 if kind == "nesting_hydra" else 20_000  # 300: PyYAML reads it, OmegaConf recurses too deep
     text = "\n".join(lines) if kind == "aliases" else "a: " + "[" * depth + "]" * depth
-    (tmp_path / "extra" / "experiment").mkdir(parents=True)
-    (tmp_path / "extra" / "experiment" / "bomb.yaml").write_text(text + "\n")
+    (tmp_path / "extra" / group).mkdir(parents=True)
+    (tmp_path / "extra" / group / "bomb.yaml").write_text(text + "\n")
+    where = [f"{flag}{tmp_path / 'extra'}"] if flag.endswith("=") else [flag, str(tmp_path / "extra")]
+    choice = "experiment=bomb" if group == "experiment" else f"+{group}=bomb"
     said = {
         "aliases": r"\S+bomb\.yaml would expand to \d{9,} values",
         "nesting": r"\S+bomb\.yaml is nested too",
     }
     with pytest.raises(ConfigError, match=said.get(kind, "the config nests too deeply to compose")):
-        command_line(["--config-dir", str(tmp_path / "extra"), "experiment=bomb"], tmp_path / "logs")
+        command_line([*where, choice], tmp_path / "logs")
     check_yaml_sizes()  # the repository's own
 
 

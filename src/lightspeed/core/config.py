@@ -378,21 +378,23 @@ MAX_YAML_VALUES = 100_000
 
 
 def config_dirs(args: Sequence[str]) -> list[Path]:
-    """The folders a command line adds to the search path (`--config-dir X`, `-cd X`, `--config-dir=X`)."""
-    return [
-        Path(args[i + 1] if a in ("--config-dir", "-cd") and i + 1 < len(args) else a.partition("=")[2])
-        for i, a in enumerate(args)
-        if a in ("--config-dir", "-cd") or a.startswith("--config-dir=")
-    ]
+    """The folders a command line adds to the search path: `--config-dir X`, `-cd X`, `=X` forms, and the
+    abbreviations argparse takes (`--config-d X`)."""
+    found = []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag == "-cd" or (len(flag) >= len("--config-d") and "--config-dir".startswith(flag)):
+            found += [Path(value)] if eq else [Path(args[i + 1])] if i + 1 < len(args) else []
+    return found
 
 
-def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,)) -> None:
+def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,), named: Sequence[str] = ()) -> None:
     """Refuse a yaml file whose aliases (`*name`) expand past MAX_YAML_VALUES values (Hydra would build every
     copy, hanging for minutes), counted on PyYAML's node graph, each aliased node once; or nested deeper than
     Python's recursion limit (Hydra's traceback)."""
     import yaml
 
-    for path in _yaml_files(folders):
+    for path in _yaml_files(folders, named):
         try:
             root = yaml.compose(path.read_text())
             n = _expanded(root, {}) if root is not None else 0
@@ -406,13 +408,16 @@ def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,)) -> None:
             )
 
 
-def _yaml_files(folders: Sequence[Path]) -> list[Path]:
-    """What Hydra may read in these folders: their primary configs and the options of the known groups."""
-    groups = {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir()}
-    files: set[Path] = set()
-    for folder in map(Path, folders):
-        files |= {*folder.glob("*.yaml"), *(p for g in groups for p in (folder / g).rglob("*.yaml"))}
-    return sorted(files)
+def _known_groups() -> set[str]:
+    return {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir()}
+
+
+def _yaml_files(folders: Sequence[Path], named: Sequence[str]) -> list[Path]:
+    """What Hydra may read in these folders: primary configs, and the options of the known groups and of any
+    group the command line names (`+mygroup=x`), two levels deep (hydra/launcher/x.yaml)."""
+    groups = _known_groups() | {m[1] for arg in named if (m := re.match(r"[+~]*([\w/-]+)=", arg))}
+    patterns = ["*.yaml", *(f"{g}/*.yaml" for g in groups), *(f"{g}/*/*.yaml" for g in groups)]
+    return sorted({p for folder in map(Path, folders) for pattern in patterns for p in folder.glob(pattern)})
 
 
 def _expanded(node: Any, sizes: dict[int, int]) -> int:

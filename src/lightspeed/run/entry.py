@@ -59,7 +59,7 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
     """Run `task` as `python -m lightspeed.<config_name> <sys.argv>` does: what Hydra or `Checks` refuse
     before the task starts is a ConfigError of one line; an error after that is the task's own."""
     args = sys.argv[1:]
-    check_yaml_sizes([*CONF_DIRS, *config_dirs(args)])
+    check_yaml_sizes([*CONF_DIRS, *config_dirs(args)], args)
     check_group_choices(args)
     check_flags(args)
     started = []
