@@ -115,8 +115,8 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
         epoch can take less time than writing it (a preemption saves it at once, `Preemption`)."""
         step, written = self._last_written
         due = final or time.monotonic() - written >= self.last_every_s
-        if not final and trainer.world_size > 1:  # a save is collective: rank 0's clock decides for all
-            due = trainer.strategy.broadcast(due)
+        if self.save_last and not final and self.last_every_s > 0 and trainer.world_size > 1:
+            due = trainer.strategy.broadcast(due)  # a save is collective: rank 0's clock decides for all
         if step == trainer.global_step or not due:
             return
         super()._save_last_checkpoint(trainer, candidates)
