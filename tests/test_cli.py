@@ -264,6 +264,28 @@ def test_make_names_the_programs_exit_code_and_its_meaning() -> None:
     assert explained == [f"make: python -m lightspeed.train exited with 2: {meaning}"], proc.stderr
 
 
+def test_without_any_hydra_plugin_a_command_line_runs_and_a_launcher_of_the_extra_is_one_line(
+    monkeypatch,
+) -> None:
+    """A made project installs no Hydra plugin: `hydra_plugins` itself is then missing, and looking for the
+    submitit launcher in it raises instead of finding nothing (its `make train` was a traceback)."""
+    import importlib.util
+
+    from lightspeed.run.entry import check_flags
+
+    real = importlib.util.find_spec
+
+    def no_plugins(name: str, *args: object):
+        if name.startswith("hydra_plugins"):
+            raise ModuleNotFoundError("No module named 'hydra_plugins'")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_plugins)
+    check_flags(["trainer.max_epochs=2", "model=mlp"])
+    with pytest.raises(ConfigError, match=r"^hydra/launcher=slurm needs Hydra's submitit launcher"):
+        check_flags(["hydra/launcher=slurm"])
+
+
 @pytest.mark.parametrize(
     ("code", "meaning"),
     [(137, "killed (SIGKILL), most often by the out-of-memory killer"), (134, "killed by signal 6 (ABRT)")],

@@ -248,8 +248,13 @@ def _check_launcher_installed(override: str) -> None:
     """The engine's hydra/launcher/{slurm,local}.yaml build on hydra-submitit-launcher, an extra: without
     it, one line naming the install instead of Hydra's "Could not find 'hydra/launcher/submitit_slurm'"."""
     key, _, value = override.lstrip("+").partition("=")
-    missing = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None
-    if key == "hydra/launcher" and value in ("slurm", "local") and missing:
+    if key != "hydra/launcher" or value not in ("slurm", "local"):
+        return
+    try:
+        missing = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None
+    except ModuleNotFoundError:  # no Hydra plugin at all: no `hydra_plugins` package to look in
+        missing = True
+    if missing:
         raise ConfigError(
             f"hydra/launcher={value} needs Hydra's submitit launcher, which is not installed: "
             "make install EXTRAS=dev,cluster (or pip install hydra-submitit-launcher)"
