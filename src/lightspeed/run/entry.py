@@ -128,8 +128,7 @@ class Checks(Callback):
         except Exception as err:
             raise _Refused(err) from None
         folder = Path(str(config.hydra.run.dir)).resolve()
-        if not folder.exists():
-            _NEW_FOLDERS.add(folder)
+        (_NEW_FOLDERS.discard if folder.exists() else _NEW_FOLDERS.add)(folder)  # as it is at this start
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
