@@ -25,6 +25,23 @@ _discover()
 GROUPS = sorted({p.name for d in CONF_DIRS for p in d.iterdir() if p.is_dir() and any(p.glob("*.yaml"))})
 
 
+def test_the_options_train_yaml_picks_come_first() -> None:
+    """A data set is paired with the default model first (and a model with the default data): an added
+    option is tried after them. (An `isinstance` of a DictConfig against dict never held.)"""
+    import yaml
+
+    from lightspeed import CONF_DIR
+    from lightspeed.testing import defaults_first
+
+    picked = {
+        k: v
+        for d in yaml.safe_load((CONF_DIR / "train.yaml").read_text())["defaults"]
+        if isinstance(d, dict)
+        for k, v in d.items()
+    }
+    assert [defaults_first(g)[0] for g in ("data", "model")] == [picked["data"], picked["model"]]
+
+
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes(train_cfg, group: str, option: str) -> None:
     cfg = train_cfg(f"{group}={option}")

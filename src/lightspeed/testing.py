@@ -59,7 +59,9 @@ def options(group: str) -> list[str]:
 
 def defaults_first(group: str) -> list[str]:
     """The group's options, the one `conf/train.yaml` picks first."""
-    default = OmegaConf.load(CONF_DIR / "train.yaml").defaults
+    default = OmegaConf.to_container(
+        OmegaConf.load(CONF_DIR / "train.yaml").defaults
+    )  # plain: dicts are dicts
     chosen = [d[group] for d in default if isinstance(d, dict) and group in d]
     return sorted(options(group), key=lambda o: o not in chosen)
 
