@@ -195,6 +195,34 @@ def test_on_device_auto_keeps_data_that_fits_on_the_gpu_and_says_so(monkeypatch,
         dm.uses_device_loader()
 
 
+def test_on_a_gpu_the_default_preset_keeps_data_on_the_device_although_auto_picks_workers(
+    train_cfg, monkeypatch, caplog
+) -> None:
+    """The H200 (2026-12-04): num_workers=auto became 8 before the DataModule decided `on_device=auto`, which
+    took the 8 for workers asked for by number and fed the data through a DataLoader. Workers asked for by
+    number still mean a DataLoader."""
+    import logging
+
+    from hydra.utils import instantiate
+
+    from lightspeed.speed import accel
+
+    monkeypatch.setattr(accel, "cpu_count", lambda: 16)
+    for overrides, on_device in (([], True), (["data.num_workers=2"], False)):
+        cfg = train_cfg("trainer=gpu", *overrides)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            accel.resolve(cfg)
+            dm = instantiate(cfg.data)
+            dm.setup()
+            _on_cuda(dm, monkeypatch, free_gib=1.0)
+            assert dm.uses_device_loader() is on_device, overrides
+        assert dm.num_workers == (8 if not overrides else 2)  # the DataLoader's, where one is used
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data.on_device=auto")]
+        said = "batches are sliced on the device" if on_device else "data.num_workers=2 asks for a DataLoader"
+        assert len(lines) == 1 and said in lines[0], lines
+
+
 def test_default_preset_serves_in_memory_data_from_memory_and_off_uses_a_dataloader(train_cfg) -> None:
     from conftest import TINY
     from lightspeed.train import train

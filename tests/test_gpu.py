@@ -48,6 +48,8 @@ def test_a_steady_step_on_the_gpu_never_syncs_and_never_recompiles(train_cfg, pr
         train_cfg("trainer=gpu", "trainer.max_epochs=3", *CADENCE, *QUIET, *preset), [errors, compiles]
     )
     assert result.trainer.strategy.root_device.type == "cuda"
+    loader = type(result.trainer.train_dataloader).__name__  # on_device=auto: the digits fit on any GPU
+    assert loader == ("ResumableDataLoader" if "data.on_device=false" in preset else "DeviceLoader"), loader
     assert errors.clean_batches >= 30, "too few steady steps for the test to mean anything"
     if "accel=max" in preset:  # compiled at the first step, never again (drop_last: one batch shape)
         assert compiles.train[0] >= 1 and sum(compiles.train[1:]) == 0, compiles.train

@@ -77,19 +77,15 @@ def mean_std(x: Tensor) -> tuple[float, float]:
 ON_DEVICE_MAX_SHARE = 0.5
 
 
-# radon C: a return per case: off, workers, host memory, fits, true, too big
-def on_device_choice(
-    on_device: bool | str, num_workers: int | str, nbytes: int, device: torch.device
-) -> tuple[bool, str | None]:
+# radon C: a return per case: off, host memory, fits, true, too big
+def on_device_choice(on_device: bool | str, nbytes: int, device: torch.device) -> tuple[bool, str | None]:
     """Whether an in-memory data set of `nbytes` is served from the training device (sliced there, no
     DataLoader), and the line that says why (None: nothing to say). `auto`: yes when it fits within
     `ON_DEVICE_MAX_SHARE` of a GPU's free memory, or when it is in host memory already (CPU, and MPS's
-    unified memory), unless `num_workers` asks for DataLoader workers by number. `true` where it does
-    not fit is a ConfigError."""
+    unified memory); workers asked for by number turn `auto` off before (`speed.accel.resolve`). `true`
+    where it does not fit is a ConfigError."""
     if on_device is False:
         return False, None
-    if on_device == "auto" and num_workers != "auto" and int(num_workers) > 0:
-        return False, f"data.on_device=auto: data.num_workers={num_workers} asks for a DataLoader"
     gib = 2**30
     size = f"{nbytes / gib:.2f} GiB" if nbytes >= gib / 10 else f"{nbytes / 2**20:.1f} MiB"
     if device.type != "cuda":
@@ -331,7 +327,7 @@ class ArrayDataModule(L.LightningDataModule):
                 )
             return False
         need = sum(t.numel() * t.element_size() for ds in self.splits.values() for t in ds.tensors)
-        decision, note = on_device_choice(self.on_device, self.num_workers, need, self._device)
+        decision, note = on_device_choice(self.on_device, need, self._device)
         if note:
             rank_zero_info(note)
         return decision

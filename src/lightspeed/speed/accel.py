@@ -78,6 +78,10 @@ def resolve(cfg: DictConfig) -> list[str]:
             idle.append("trainer.benchmark=true")  # only sets a cuDNN flag: harmless, kept
         if data.get("num_workers") == "auto":
             data.num_workers = auto_num_workers(devices_per_node(cfg), device)
+        elif data.get("on_device") == "auto" and int(data.get("num_workers") or 0) > 0:
+            # decided here, where workers asked for by number still differ from the ones `auto` picks
+            data.on_device = False
+            rank_zero_info(f"data.on_device=auto: data.num_workers={data.num_workers} asks for a DataLoader")
         for key in ("pin_memory", "non_blocking"):
             if data.get(key) == "auto":
                 data[key] = cuda
