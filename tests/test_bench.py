@@ -76,3 +76,23 @@ def test_overhead_bench_reports_every_row_against_the_bare_trainer(tmp_path: Pat
     for label in ("hand-written loop", "bare Trainer", "Lightspeed default", "bare, manual optimization"):
         assert any(k.startswith(label) for k in rows), (label, proc.stdout)
     assert rows["bare Trainer"].split("|")[5].strip() == "+0"  # its paired difference from itself
+
+
+def test_a_bench_stopped_early_leaves_the_table_of_every_run_so_far(tmp_path: Path, monkeypatch) -> None:
+    """A GPU lease's limit cut two benches short before their first round ended, and they left no table:
+    it is rewritten after every configuration's run."""
+    from lightspeed import bench
+
+    def fake_run(name: str, user: list[str], steps: int, warmup: str, run_dir: Path) -> dict:
+        if name == "max":  # the third run: what is on disk now is what a killed bench leaves
+            raise KeyboardInterrupt
+        return {"name": name, "overrides": bench.CONFIGS[name][0], "samples_per_s": 100.0, "warmup_steps": 3}
+
+    monkeypatch.setattr(bench, "run_config", fake_run)
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--configs", "hand,off,max", "--repeats", "2", "--out", str(tmp_path)])
+    table = (tmp_path / "bench.md").read_text()
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["hand", "off"], table  # after the header row
+    assert "round 1 of 2" in (tmp_path / "bench.md").read_text()

@@ -137,7 +137,7 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
     device = accel.device_type(cfg)
     data = OmegaConf.to_container(cfg.data, resolve=True)
     need = sum(t.numel() * t.element_size() for split in dm.splits.values() for t in split.tensors)
-    on_device, _ = on_device_choice(data["on_device"], data["num_workers"], need, torch.device(device))
+    on_device, _ = on_device_choice(data["on_device"], need, torch.device(device))
     knobs = cfg.accel
     net = build.model(cfg, dm)
     lacks = [
@@ -303,7 +303,8 @@ def _rounds(
     args: argparse.Namespace, names: list[str], user: list[str], out: Path
 ) -> tuple[list[dict[str, Any]], str]:
     """`args.repeats` rounds of every configuration this machine can run; the table is rewritten after
-    every round, so that a bench stopped early still leaves one. Returns its rows and header."""
+    every configuration's run, so that a bench stopped early (a GPU lease's time limit) still leaves every
+    run finished so far. Returns its rows and header."""
     skipped = [n for n in names if CONFIGS[n][1] and not torch.cuda.is_available()]
     todo = [n for n in names if n not in skipped]
     runs: dict[str, list[dict]] = {n: [] for n in todo}
@@ -312,18 +313,20 @@ def _rounds(
     header = ""
     for repeat in range(args.repeats):
         for name in todo:
-            print(f"bench: {name} ({repeat + 1}/{args.repeats}) ...", flush=True)
+            print(f"bench: {name} ({repeat + 1}/{args.repeats}) ...", end=" ", flush=True)
+            start = time.perf_counter()
             runs[name].append(
                 run_config(name, user, args.steps, args.warmup, out / "runs" / f"{name}-{repeat}")
             )
-        rows = [summarise(runs[name]) for name in todo]
-        device = next((r["device"] for r in rows if "device" in r), "unknown device")
-        header = (
-            f"{time.strftime('%Y-%m-%d')}, {device}, torch {torch.__version__}; {args.steps} timed steps per "
-            f"run after a warm-up of {warm} steps, {repeat + 1} run(s) each; "
-            f"overrides: {' '.join(user) or '(none)'}"
-        )
-        write_markdown(rows, skipped, header, out / "bench.md")
+            print(f"{time.perf_counter() - start:.0f} s", flush=True)
+            rows = [summarise(runs[n]) for n in todo if runs[n]]
+            device = next((r["device"] for r in rows if "device" in r), "unknown device")
+            header = (
+                f"{time.strftime('%Y-%m-%d')}, {device}, torch {torch.__version__}; {args.steps} timed steps "
+                f"per run after a warm-up of {warm} steps, round {repeat + 1} of {args.repeats}; "
+                f"overrides: {' '.join(user) or '(none)'}"
+            )
+            write_markdown(rows, skipped, header, out / "bench.md")
     return rows, header
 
 
