@@ -7,9 +7,12 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, run_script
 
 
+@pytest.mark.slow  # over 9 s on the 2-core CI machine: make test stays within 4 minutes
 def test_the_data_paths_bench_measures_every_path_on_the_same_images(tmp_path: Path) -> None:
     args = ("--repeats", "1", "--seconds", "0.05", "--images", "160", "--workers", "0")
     start = time.perf_counter()

@@ -105,6 +105,7 @@ def test_the_launcher_keeps_the_ranks_it_started() -> None:
     assert launcher.procs == [], broken("_SubprocessScriptLauncher.procs", "trainer.launched_ranks")
 
 
+@pytest.mark.slow  # over 9 s on the 2-core CI machine: make test stays within 4 minutes
 def test_the_launchers_observer_disarmed_no_longer_kills_this_process_when_a_rank_dies() -> None:
     """Lightning's observer SIGKILLs the main process when a rank exits non-zero; disarmed (as
     kill_launched_ranks does before it kills the ranks), it leaves it alone. In a child process, with a

@@ -35,6 +35,7 @@ def synthetic(n: int = 600, shape: tuple[int, ...] = (3, 8, 8)) -> SyntheticData
     return SyntheticDataModule(num_samples=n, shape=shape, batch_size=16)
 
 
+@pytest.mark.slow  # over 9 s on the 2-core CI machine: make test stays within 4 minutes
 def test_make_shards_writes_every_split_and_a_run_streams_them(tmp_path: Path, train_cfg) -> None:
     cfg = compose_config("shards", ["data=digits", f"shards.out={tmp_path / 'digits'}"], tmp_path / "logs")
     out = convert(cfg)
@@ -231,6 +232,7 @@ print(baseline, peak, seen)
 """
 
 
+@pytest.mark.slow  # over 9 s on the 2-core CI machine: make test stays within 4 minutes
 def test_streaming_shards_larger_than_the_allowed_growth_keeps_anonymous_memory_bounded(
     tmp_path: Path,
 ) -> None:
@@ -263,6 +265,7 @@ def _shards_writer(out: str, barrier: Any, queue: Any) -> None:
         queue.put(str(err))
 
 
+@pytest.mark.slow  # over 9 s on the 2-core CI machine: make test stays within 4 minutes
 def test_two_make_shards_into_one_folder_leave_one_whole_set_and_one_line(tmp_path: Path) -> None:
     import multiprocessing
 
@@ -302,6 +305,7 @@ def test_broken_shards_and_a_file_in_the_way_are_one_line_each(tmp_path: Path) -
         ShardsDataModule(path=str(out))
 
 
+@pytest.mark.slow  # over 9 s on the 2-core CI machine: make test stays within 4 minutes
 def test_a_chunk_whose_bytes_changed_on_disk_stops_the_run_in_one_line(tmp_path: Path) -> None:
     """One flipped byte in a training chunk, the file's size and time kept: the run that streams it (in a
     loader worker) ends with one line naming the chunk, where it trained on the changed bytes."""

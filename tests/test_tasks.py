@@ -222,6 +222,7 @@ def test_a_mode_the_metric_s_name_contradicts_is_refused_unless_asserted(train_c
     assert result.trainer.checkpoint_callback.mode == "max"  # asserted: taken as meant
 
 
+@pytest.mark.slow  # over 9 s on the 2-core CI machine: make test stays within 4 minutes
 def test_a_sweep_of_a_regression_shows_its_own_metrics_and_marks_the_best(tmp_path: Path) -> None:
     from conftest import run_module
 
