@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import TINY
-from lightspeed.core.config import _repository_class, user_packages
+from lightspeed.core.config import ConfigError, _repository_class, user_packages
 from lightspeed.eval import run as evaluate
 from lightspeed.train import train
 
@@ -132,6 +132,24 @@ def test_the_monitor_picks_names_and_tests_the_best_checkpoint_in_its_own_direct
     assert result.metrics["val/r2@best"] == pytest.approx(float(highest["val/r2"]))
     summary = json.loads((logs / "train/runs/test/summary.json").read_text())
     assert summary["monitor"] == "val/r2 (max)" and summary["tested"] == "best checkpoint"
+
+
+def test_a_word_that_turns_a_metric_s_sense_around_leaves_its_mode_to_the_user(tmp_path: Path) -> None:
+    """val/neg_mse is higher-better although it holds `mse`: its name says nothing sure, so no mode is
+    taken from it (nor a mode=max refused as contradicting it); a plain name still gives its mode."""
+    from lightspeed.run.entry import compose_config
+    from lightspeed.run.monitor import settle
+
+    def settled(*overrides: str):
+        cfg = compose_config("train", ["experiment=diabetes_mlp", *overrides], tmp_path)
+        settle(cfg)
+        return cfg.monitor.mode
+
+    for name in ("val/neg_mse", "val/mse_improvement", "val/negative_loss"):
+        with pytest.raises(ConfigError, match=rf"name of monitor.metric={name} does not say whether higher"):
+            settled(f"monitor.metric={name}")
+        assert settled(f"monitor.metric={name}", "monitor.mode=max") == "max"
+    assert settled("monitor.metric=val/mae") == "min" and settled("monitor.metric=val/r2") == "max"
 
 
 def test_eval_and_predict_follow_the_checkpoint_with_no_extra_option(regression) -> None:

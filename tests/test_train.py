@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+from collections import Counter
 from pathlib import Path
 
 import lightning as L
@@ -86,6 +87,11 @@ def test_train_then_eval_tests_the_best_checkpoint(train_cfg, eval_cfg, eval_dir
     ]
     assert len(matrix) == 10 and sum(map(sum, matrix)) == 2 * 64
     assert sum(matrix[i][i] for i in range(10)) / (2 * 64) == pytest.approx(metrics["test/acc"])
+    # rows the true class, columns the predicted one: each cell counts its (target, pred) pairs of the
+    # predictions of the same samples (a transpose keeps the diagonal, not the cells off it)
+    pairs = Counter(tuple(int(v) for v in r.split(",")[1:3]) for r in rows[1:])
+    assert any(t != p for t, p in pairs), "no mistake: the test could not see a transpose"
+    assert matrix == [[pairs[(t, p)] for p in range(10)] for t in range(10)]
     assert facts["confusion_matrix"] == str(eval_dir / "confusion_matrix.csv")
     assert (eval_dir / "confusion_matrix.png").read_bytes().startswith(b"\x89PNG")
 
