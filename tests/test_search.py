@@ -118,3 +118,97 @@ def test_trials_that_fail_in_their_run_count_and_the_search_ends(tmp_path: Path)
     found = json.loads((tmp_path / "train" / "runs" / "search" / SEARCH_FILE).read_text())
     assert [(t["state"], t["failed"]) for t in found["trials"]] == [("FAIL", "exit 2")] * 2
     assert "no trial finished with a score" in proc.stdout
+
+
+def _search_cfg(folder: Path, *overrides: str):
+    """The search's config as train.py hands it to search.run: composed, its monitor settled."""
+    from lightspeed.run.entry import compose_config
+    from lightspeed.run.monitor import settle
+
+    cfg = compose_config("train", [*SEARCH, "hparams_search.n_trials=5", *overrides], folder)
+    settle(cfg)
+    cfg.paths.output_dir = str(folder / "search")
+    return cfg
+
+
+QMC = [
+    "hparams_search.sampler._target_=optuna.samplers.QMCSampler",
+    "~hparams_search.sampler.n_startup_trials",
+]
+
+
+def _score(trial_cfg) -> float:
+    """A made-up score of the trial's values (the search needs a number, not a training run)."""
+    return float(trial_cfg.model.optimizer.lr) * 100 + float(trial_cfg.model.net.dropout)
+
+
+def _lrs(folder: Path) -> list[float]:
+    found = json.loads((folder / "search" / SEARCH_FILE).read_text())
+    return [t["params"]["model.optimizer.lr"] for t in found["trials"] if t["state"] == "COMPLETE"]
+
+
+def test_a_continued_search_draws_what_an_uninterrupted_one_draws_and_reruns_the_cut_trial(
+    tmp_path: Path,
+) -> None:
+    """In process, with Optuna's real study in SQLite and a made-up score for each trial: the seeded sampler
+    gives the same draws, a trial the search was stopped in runs again with its values, and the continued
+    search ends with the uninterrupted one's trials (the slow test kills a real search)."""
+    from lightspeed.run import search
+
+    search.run(_search_cfg(tmp_path / "whole"), lambda cfg, _: _score(cfg))
+    other = tmp_path / "other"
+    search.run(_search_cfg(other, "hparams_search.seed=1"), lambda cfg, _: _score(cfg))
+    assert _lrs(other) != _lrs(tmp_path / "whole")  # the seed decides the draws
+
+    for sampler in ([], QMC):  # QMC's draw follows the study's trial count: only the rerun repeats it
+        seen, rerun = _stopped_in_the_third_trial_and_rerun(tmp_path / f"cut{len(sampler)}", sampler)
+        assert rerun[0] == seen[2], sampler  # the cut trial's values first
+    assert _lrs(tmp_path / "cut0") == _lrs(tmp_path / "whole")
+
+
+def _stopped_in_the_third_trial_and_rerun(
+    folder: Path, sampler: list[str]
+) -> tuple[list[float], list[float]]:
+    """The learning rates each run of the search tried: the first stopped inside its third trial (which
+    stays running in the study, as when the process is killed), the second continuing it."""
+    from lightspeed.run import search
+
+    seen: list[float] = []
+    rerun: list[float] = []
+
+    def stopped(cfg, _) -> float:
+        seen.append(float(cfg.model.optimizer.lr))
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        return _score(cfg)
+
+    with pytest.raises(KeyboardInterrupt):
+        search.run(_search_cfg(folder, *sampler), stopped)
+    search.run(
+        _search_cfg(folder, *sampler),
+        lambda cfg, _: rerun.append(float(cfg.model.optimizer.lr)) or _score(cfg),
+    )
+    return seen, rerun
+
+
+def test_failed_trials_count_toward_n_trials_in_process(tmp_path: Path) -> None:
+    """A trial whose run ends in one line (exit 2 or 3) is counted: the search ends after n_trials of them,
+    where it would otherwise draw forever."""
+    from lightspeed.run import search
+
+    calls: list[int] = []
+
+    def fails(cfg, _) -> float:
+        calls.append(1)
+        assert len(calls) <= 10, "the search did not count its failed trials"
+        raise SystemExit(2 if len(calls) % 2 else 3)
+
+    assert search.run(_search_cfg(tmp_path), fails) is None
+    found = json.loads((tmp_path / "search" / SEARCH_FILE).read_text())
+    assert [(t["state"], t["failed"]) for t in found["trials"]] == [
+        ("FAIL", "exit 2"),
+        ("FAIL", "exit 3"),
+        ("FAIL", "exit 2"),
+        ("FAIL", "exit 3"),
+        ("FAIL", "exit 2"),
+    ]
