@@ -222,6 +222,51 @@ def test_a_stored_id_is_used_only_where_it_lives_and_a_torn_file_is_no_id(tmp_pa
     assert cfg.logger.mlflow.run_id is None
 
 
+def test_the_ids_a_run_stored_come_back_where_they_live_and_nowhere_else(tmp_path: Path, caplog) -> None:
+    """remember then continue_runs, the round trip of a rerun (the slow tests run it with a real server and
+    W&B): each id comes back for its MLflow tracking URI or W&B project, and for another one is a new run."""
+    import logging
+
+    from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
+
+    from lightspeed.run.tracking import remember
+
+    class OpenedMLflow(MLFlowLogger):  # what remember reads of a logger whose run is open
+        def __init__(self) -> None:
+            pass
+
+        run_id = "m1"
+
+    class OpenedWandb(WandbLogger):
+        def __init__(self) -> None:
+            pass
+
+        version = "w1"
+
+    def cfg(uri: str, project: str):
+        return OmegaConf.create(
+            {
+                "paths": {"output_dir": str(tmp_path)},
+                "logger": {
+                    "mlflow": {"_target_": "lightning.pytorch.loggers.MLFlowLogger", "tracking_uri": uri},
+                    "wandb": {"_target_": "lightning.pytorch.loggers.WandbLogger", "project": project},
+                },
+            }
+        )
+
+    remember(cfg("http://a", "p"), [OpenedMLflow(), OpenedWandb()])
+    again = cfg("http://a", "p")
+    continue_runs(again)
+    assert (again.logger.mlflow.get("run_id"), again.logger.wandb.get("id")) == ("m1", "w1")
+    with caplog.at_level(logging.INFO):
+        elsewhere = cfg("http://b", "q")
+        continue_runs(elsewhere)
+    assert (elsewhere.logger.mlflow.get("run_id"), elsewhere.logger.wandb.get("id")) == (None, None)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("logged to http://a, not http://b: a new tracked run there" in m for m in said), said
+    assert any("logged to p, not q: a new tracked run there" in m for m in said), said
+
+
 def test_several_loggers_at_once_and_an_unknown_one_is_one_line(tmp_path: Path) -> None:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
