@@ -74,6 +74,29 @@ def test_an_export_that_fails_its_check_leaves_no_file(tmp_path: Path) -> None:
     assert list((tmp_path / "bad").iterdir()) == []
 
 
+def test_the_onnx_file_is_checked_against_the_module_and_takes_any_batch(tmp_path: Path, monkeypatch) -> None:
+    """Fast, on a small module (the slow test exports trained checkpoints): the ONNX file runs in onnxruntime
+    on a batch size neither the export nor its check used, and gives the module's outputs; and the command
+    compares what onnxruntime computes with the module (an ONNX file that computed otherwise is refused)."""
+    onnxruntime = pytest.importorskip("onnxruntime", reason="make export needs the export extra")
+    from lightspeed.export import export as write
+
+    module = Tiny().eval()
+    facts = write(module, tmp_path / "ok", ["onnx"], batch=5, tolerance=1e-5)
+    session = onnxruntime.InferenceSession(str(facts["onnx"]["file"]), providers=["CPUExecutionProvider"])
+    x = torch.randn(7, 4)
+    with torch.inference_mode():
+        assert torch.allclose(torch.from_numpy(session.run(None, {"x": x.numpy()})[0]), module(x), atol=1e-5)
+
+    run = onnxruntime.InferenceSession.run
+    monkeypatch.setattr(onnxruntime.InferenceSession, "run", lambda *a, **k: [o + 0.5 for o in run(*a, **k)])
+    with pytest.raises(
+        ConfigError, match=r"^model\.onnx: its outputs differ from the checkpoint's model by 0\.5"
+    ):
+        write(module, tmp_path / "bad", ["onnx"], batch=5, tolerance=1e-5)
+    assert list((tmp_path / "bad").iterdir()) == []
+
+
 def test_a_model_the_exporter_cannot_trace_is_one_line(tmp_path: Path) -> None:
     from lightspeed.export import export as write
 
