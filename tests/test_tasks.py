@@ -376,7 +376,8 @@ def test_a_project_s_own_models_and_data_may_be_named_by_a_checkpoint_and_nothin
     (tmp_path / "acme" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "nets.py").write_text(
-        "import os\nfrom torch import nn\n\nclass Net(nn.Linear): ...\n\nrun = os.system\n"
+        "import os\nfrom torch import nn\nfrom torch.nn import Bilinear\n"
+        "from acme.tools import Net as ToolNet\n\nclass Net(nn.Linear): ...\n\nrun = os.system\n"
     )
     (tmp_path / "acme" / "tools.py").write_text("from torch import nn\n\nclass Net(nn.Linear): ...\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -385,6 +386,8 @@ def test_a_project_s_own_models_and_data_may_be_named_by_a_checkpoint_and_nothin
     assert _repository_class("acme.models.nets.Net", prefixes)
     assert not _repository_class("acme.models.nets.run", prefixes)  # not a class
     assert not _repository_class("acme.models.nets.os.system", prefixes)
+    assert not _repository_class("acme.models.nets.Bilinear", prefixes)  # imported there, defined by torch
+    assert not _repository_class("acme.models.nets.ToolNet", prefixes)  # imported there from outside models/
     assert not _repository_class("acme.tools.Net", prefixes)  # outside models/ and data/
     assert not _repository_class("torch.nn.Linear", prefixes)
 
