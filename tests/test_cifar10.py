@@ -50,6 +50,8 @@ def test_a_checkpoint_chooses_neither_the_folder_eval_writes_into_nor_the_server
         evaluate(eval_cfg(*places))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "places.ckpt's data config keeps its data at a fixed path" in err
-    with fake_downloads(CIFAR10DataModule, monkeypatch):  # the attacker's mirror alone would fail to serve
-        tested = evaluate(eval_cfg(*places, f"++data.data_dir={tmp_path / 'data' / 'cifar10'}"))
-    assert "test/acc" in tested and not chosen.exists()  # where the user says; this machine's mirrors
+    # a folder of its own, so that eval downloads (the training run's has the files: no mirror asked)
+    with fake_downloads(CIFAR10DataModule, monkeypatch) as server:  # the attacker's mirror would not serve
+        tested = evaluate(eval_cfg(*places, f"++data.data_dir={tmp_path / 'fresh'}"))
+    assert "test/acc" in tested and not chosen.exists()  # where the user says
+    assert sum(server.served.values()) >= 1 and (tmp_path / "fresh").is_dir()  # from this machine's mirrors
