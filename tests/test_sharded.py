@@ -155,6 +155,21 @@ def test_dcp_metadata_naming_a_module_attribute_is_refused_too(sharded_run) -> N
         sharded.read_dcp_metadata(last)
 
 
+def test_dcp_metadata_may_name_torch_s_dtypes_and_nothing_else_of_torch(tmp_path: Path) -> None:
+    """The unpickler lets `torch.<name>` through only where it is a dtype: torch.save, torch.load or
+    torch.compile named by a crafted `.metadata` are refused, torch.float32 is read."""
+
+    def crafted(name: bytes) -> bytes:  # protocol 4: STACK_GLOBAL of "torch" and `name`
+        return b"\x80\x04\x8c\x05torch\x8c" + bytes([len(name)]) + name + b"\x93."
+
+    for name in (b"save", b"load", b"compile", b"Tensor"):
+        (tmp_path / ".metadata").write_bytes(crafted(name))
+        with pytest.raises(pickle.UnpicklingError, match=rf"names torch\.{name.decode()}, which is not DCP"):
+            sharded.read_dcp_metadata(tmp_path)
+    (tmp_path / ".metadata").write_bytes(crafted(b"float32"))
+    assert sharded.read_dcp_metadata(tmp_path) is torch.float32
+
+
 def test_values_dcp_stores_as_bytes_load_as_plain_data_only(tmp_path: Path) -> None:
     """DCP keeps what is not a tensor as a torch.save'd blob, which its own planner unpickles freely."""
     marker = tmp_path / "ran"
