@@ -271,6 +271,33 @@ def test_slurm_requeue_asks_scontrol_for_this_job(tmp_path: Path, monkeypatch) -
     assert calls.read_text().splitlines() == ["requeue 4242", "requeue 77_3"]
 
 
+def test_under_slurm_sigusr1_requeues_the_job_and_sigterm_does_not(tmp_path: Path, monkeypatch) -> None:
+    """SIGUSR1 is SLURM's requeue signal (`--signal=USR1@...`); SIGTERM is also what `scancel` sends, and a
+    cancelled job must stay cancelled. Both save last.ckpt and stop."""
+    from types import SimpleNamespace
+
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from lightspeed.core.failures import Preempted
+    from lightspeed.resilience import preemption
+
+    requeued: list[int] = []
+    monkeypatch.setattr(preemption, "requeue_slurm_job", lambda: requeued.append(1) or 0)
+    saved: list[str] = []
+    trainer = SimpleNamespace(
+        global_step=7,
+        checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path), last_model_path=""),
+        save_checkpoint=lambda path, weights_only: saved.append(path),
+        is_global_zero=True,
+        strategy=SimpleNamespace(cluster_environment=SLURMEnvironment(auto_requeue=True)),
+    )
+    for received, requeues in ((signal.SIGTERM, 0), (signal.SIGUSR1, 1)):
+        with pytest.raises(Preempted):
+            preemption.Preemption()._save_and_stop(trainer, received)
+        assert len(requeued) == requeues, signal.Signals(received).name
+    assert saved == [str(tmp_path / "last.ckpt")] * 2
+
+
 def test_no_checkpoint_with_non_finite_weights_is_ever_written(tmp_path: Path) -> None:
     """Even when the loss stayed finite (gradients that overflowed), or nothing else checked."""
     import lightning as L
