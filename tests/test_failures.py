@@ -348,6 +348,42 @@ def test_a_collective_that_lost_its_peer_is_told_apart_from_other_errors() -> No
     assert lost_peer(ValueError("Connection reset by peer")) is None  # a collective raises RuntimeError
 
 
+def test_a_rank_that_lost_its_peer_says_one_line_naming_itself_and_exits_3(tmp_path: Path, capsys) -> None:
+    """What each surviving rank prints (the slow multi-node test kills a real rank): the line, the newest
+    checkpoint to continue from, exit 3; alone (one rank) the same error is not taken for a lost peer."""
+    from types import SimpleNamespace
+
+    from lightspeed.core.failures import TRAINING_FAILURE_EXIT, exit_on_failure
+
+    last = tmp_path / "last.ckpt"
+    torch.save({"global_step": 40}, last)
+    gone = RuntimeError(
+        "[pair.cc:545] Read error [10.0.0.2]:64210: Connection reset by peer. This is typically"
+    )
+
+    def trainer(world_size: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            global_rank=1,
+            world_size=world_size,
+            strategy=SimpleNamespace(cluster_environment=None, launcher=None),
+            checkpoint_callback=SimpleNamespace(last_model_path=str(last)),
+        )
+
+    with pytest.raises(SystemExit) as stop, exit_on_failure({}, trainer(world_size=2)):
+        raise gone
+    assert stop.value.code == TRAINING_FAILURE_EXIT
+    assert capsys.readouterr().err.splitlines() == [
+        "error: rank 1 lost another rank in a collective (Read error [10.0.0.2]:64210: Connection reset by "
+        "peer): that rank or its node ended or hung, its own log says why; the newest checkpoint is "
+        f"{last} (step 40); rerun the same command to continue from it (on every node)"
+    ]
+    with (
+        pytest.raises(RuntimeError, match="Connection reset by peer"),
+        exit_on_failure({}, trainer(world_size=1)),
+    ):
+        raise gone
+
+
 def test_several_machines_without_a_launcher_is_one_line_not_a_wait_for_the_others(
     train_cfg, monkeypatch, capsys
 ) -> None:
