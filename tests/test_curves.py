@@ -35,6 +35,25 @@ def test_a_run_preempted_and_resumed_draws_one_curve_from_step_0(train_cfg, run_
     assert json.loads((run_dir / SUMMARY_FILE).read_text())["curves"] == str(run_dir / PICTURE_FILE)
 
 
+def test_a_resume_from_a_checkpoint_older_than_the_last_points_drops_the_points_past_it(
+    tmp_path: Path,
+) -> None:
+    """A run killed (SIGKILL: no save of its own) some steps after its last checkpoint logged points it will
+    log again: the resumed attempt starts at the checkpoint's step and keeps only the earlier points."""
+    from lightspeed.report.curves import CurvesLogger
+
+    first = {"train/loss": [[s, 1.0 / (s + 1)] for s in range(13)], "val/acc": [[4, 0.5], [9, 0.7]]}
+    (tmp_path / CURVES_FILE).write_text(json.dumps(first))
+    resumed = CurvesLogger(tmp_path)
+    for step in range(7, 10):  # the checkpoint was saved at step 7
+        resumed.log_metrics({"train/loss": 0.25, "epoch": 1.0}, step=step)
+    resumed.save()
+    points = load(tmp_path)
+    steps = [s for s, _ in points["train/loss"]]
+    assert steps == list(range(10)) and points["train/loss"][:7] == first["train/loss"][:7]
+    assert points["val/acc"] == [[4, 0.5]] and "epoch" not in points
+
+
 def test_curves_false_draws_nothing(train_cfg, run_dir: Path) -> None:
     train(train_cfg(*TINY, "trainer.max_epochs=1", "curves=false", "test_after_fit=false"))
     assert not (run_dir / CURVES_FILE).exists() and not (run_dir / PICTURE_FILE).exists()
