@@ -318,3 +318,30 @@ def test_a_folder_changed_since_the_run_s_checkpoint_is_refused_naming_the_chang
         for extra in folder.glob("blob/new*.png"):
             extra.unlink()
     assert train(train_cfg(*run)).trainer.global_step == 10  # the data restored: it resumes
+
+
+def test_a_folder_with_its_own_splits_changed_in_train_is_refused_and_in_test_resumes(
+    train_cfg, tmp_path: Path, run_dir: Path, capsys
+) -> None:
+    """Named train/ and test/ folders: an image added to train/ changes what the run trains on (refused, one
+    line); one added to test/ only does not change the training split (validation is drawn from train/)."""
+    from probes import Fault
+
+    root = tmp_path / "named"
+    image_folder(root / "train", per_class=10)
+    image_folder(root / "test", per_class=3, seed=1)
+    run = [*RUN, f"data.root={root}"]
+    with pytest.raises(SystemExit):
+        train(train_cfg(*run), [Fault("sigterm", step=2)])
+    capsys.readouterr()
+    added = shutil.copy(root / "train" / "blob" / "0.png", root / "train" / "blob" / "new.png")
+    with pytest.raises(SystemExit) as stop:
+        train(train_cfg(*run))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(
+        "error: the data changed since this run's checkpoint: its training split now has"
+    )
+    os.unlink(added)
+    shutil.copy(root / "test" / "blob" / "0.png", root / "test" / "blob" / "new.png")
+    assert train(train_cfg(*run)).trainer.global_step == 6  # resumed to the end: 2 epochs of 27 // 8 batches
