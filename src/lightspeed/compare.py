@@ -5,7 +5,6 @@ a folder, or a run name under logs/train/runs/."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from lightspeed.core.files import read_json
 from lightspeed.core.summary import SUMMARY_FILE
 from lightspeed.report import figures
 from lightspeed.report.curves import load
@@ -32,10 +32,9 @@ def find(run: str, log_dir: Path) -> Path:
 
 
 def _summary(run_dir: Path) -> dict[str, Any]:
-    try:
-        found = json.loads((run_dir / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
-        raise SystemExit(f"error: RUNS: {run_dir}/{SUMMARY_FILE} cannot be read: rerun that run") from None
+    found = read_json(run_dir / SUMMARY_FILE)
+    if found is None:
+        raise SystemExit(f"error: RUNS: {run_dir}/{SUMMARY_FILE} cannot be read: rerun that run")
     return found if isinstance(found, dict) else {}
 
 

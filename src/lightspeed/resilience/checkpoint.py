@@ -224,6 +224,7 @@ _LOADING_FILES = (
     "connectors/checkpoint_connector.py",
     "core/saving.py",
     "lightspeed/resilience/sharded.py",
+    "utilities/migration/utils.py",  # Lightning reads the version a checkpoint says it was saved with
 )
 
 
@@ -259,6 +260,11 @@ def _explain_load_error(err: BaseException, path: Any) -> None:
             f"ckpt_path={path} does not fit the model ({_mismatches(str(err))}): the net's code or "
             "settings changed since it was saved; use run_name=<new name> to train anew, or the code "
             "and settings that wrote it"
+        ) from None
+    if type(err).__name__ == "InvalidVersion":  # packaging's, a ValueError
+        raise ConfigError(
+            f"ckpt_path={path} says it was saved by pytorch-lightning version {str(err).split(': ', 1)[-1]}, "
+            "which is no version: pass a checkpoint saved by Lightning"
         ) from None
     # torch.load's errors for an empty file and for a truncated zip archive (read whole, or memory-mapped)
     unreadable = ("PytorchStreamReader", "mmap can only be used with files saved with")

@@ -63,7 +63,13 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
         module_cls = _module_class(cfg, stored, ckpt)
         if ckpt.is_dir():
             source.seek(0)
-        model = module_cls.load_from_checkpoint(source, map_location="cpu", weights_only=True)
+        try:
+            model = module_cls.load_from_checkpoint(source, map_location="cpu", weights_only=True)
+        except TypeError as err:  # its hyperparameters are not the class's arguments
+            raise ConfigError(
+                f"ckpt_path={ckpt}: its hyper_parameters do not build {module_cls.__name__} ({err}): pass "
+                "another checkpoint, or module=<the class that trained it>"
+            ) from None
     # it loads: is it sound? (a NaN model scores as if it were; a folder's files were checked above)
     reason = checkpoint.nonfinite_weights(stored) if ckpt.is_dir() else checkpoint.problem(ckpt)
     if reason is not None:
@@ -73,7 +79,9 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
 
 def _run_model_config(stored: dict[str, Any]) -> dict[str, Any]:
     """The model node of the config that trained the checkpoint (empty for one saved elsewhere)."""
-    found = ((stored.get("identity") or {}).get("config") or {}).get("model")
+    ident = stored.get("identity")
+    config = ident.get("config") if isinstance(ident, dict) else None
+    found = config.get("model") if isinstance(config, dict) else None
     return found if isinstance(found, dict) else {}
 
 
@@ -91,6 +99,11 @@ def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L
     if not cfg.get("module"):
         check_data_targets({"model": {"_target_": name}}, ckpt.name)
     for key in ("hyper_parameters", "hparams", "module_arguments"):  # and Lightning's older names for them
+        if not isinstance(stored.get(key) or {}, dict):
+            raise ConfigError(
+                f"ckpt_path={ckpt}: its {key} is a {type(stored[key]).__name__}, not the module's arguments: "
+                "pass another checkpoint"
+            )
         check_data_targets(stored.get(key) or {}, f"{ckpt.name}'s hyperparameters")
     try:
         found = locate(str(name))

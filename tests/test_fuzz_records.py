@@ -1,0 +1,218 @@
+"""The files a run writes for itself and reads back, mutated as a disk, an editor or an attacker might leave
+them: summary.json, run.json, tracking.json, curves.json, a shard folder's meta.json and the checkpoint.
+Each mutated file, read by what reads it (eval's `ckpt_path=latest`, `make compare`, a rerun's resume, the
+tracked runs' continuation, the curves, `data=shards`, eval's checkpoint load), ends in a correct result or
+one line (exit 2, or a `make compare` error), never a traceback.
+
+The mutations are drawn from a fixed seed: the fast suite runs a sample (the same cases on every run;
+FUZZ_SEED=<n> draws another), the slow suite runs them all."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import TINY
+from lightspeed.core.config import exit_on_config_error
+
+#: What a value in a record might become.
+HOSTILE: list[Any] = [
+    None, "", "\x00", "../../../etc/passwd", "x" * 100_000, -1, 0, 10**30, 1e308, float("nan"), True, [], {},
+    [1, "a", None], {"a": {"b": []}},
+]  # fmt: skip
+#: Whole files as they might be found: empty, torn, not UTF-8, another JSON type, nested past Python's limit.
+WHOLE: dict[str, Callable[[bytes], bytes]] = {
+    "empty": lambda b: b"",
+    "torn": lambda b: b[: len(b) // 2],
+    "not-utf8": lambda b: b"\xff\xfe" + b[2:],
+    "a-list": lambda b: b"[1, 2]",
+    "null": lambda b: b"null",
+    "a-string": lambda b: b'"x"',
+    "deep": lambda b: b"[" * 100_000 + b"]" * 100_000,
+}
+STRUCTURAL = 12  # drawn mutations of the parsed value, per file
+CHECKPOINT_ENTRIES = 30  # drawn entries of a checkpoint's dict replaced
+
+
+def _paths(value: Any, prefix: tuple = ()) -> Iterator[tuple]:
+    """Every place in a JSON value (a key of a dict or an index of a list), depth first."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        yield (*prefix, key)
+        yield from _paths(child, (*prefix, key))
+
+
+def _mutated(value: Any, rng: random.Random) -> tuple[str, Any]:
+    """One place of `value` replaced by a hostile value, or deleted."""
+    value = copy.deepcopy(value)
+    path = rng.choice(list(_paths(value)))
+    parent = value
+    for key in path[:-1]:
+        parent = parent[key]
+    if isinstance(parent, dict) and rng.random() < 0.25:
+        del parent[path[-1]]
+        return f"{'.'.join(map(str, path))} deleted", value
+    hostile = rng.choice(HOSTILE)
+    parent[path[-1]] = hostile
+    return f"{'.'.join(map(str, path))}={str(hostile)[:20]!r}", value
+
+
+def json_cases(name: str, text: bytes, seed: int) -> list[tuple[str, bytes]]:
+    rng = random.Random(f"{name}-{seed}")
+    cases = [(f"{name}: {kind}", make(text)) for kind, make in WHOLE.items()]
+    value = json.loads(text)
+    for _ in range(STRUCTURAL):
+        said, changed = _mutated(value, rng)
+        cases.append((f"{name}: {said}", json.dumps(changed).encode()))
+    return cases
+
+
+def checkpoint_cases(text: bytes, seed: int) -> list[tuple[str, bytes]]:
+    """Bytes torn or flipped, and the stored dict's entries replaced (saved again as plain data)."""
+    rng = random.Random(f"ckpt-{seed}")
+    cases = [("last.ckpt: empty", b""), ("last.ckpt: torn", text[: len(text) // 2])]
+    for _ in range(4):
+        at = rng.randrange(len(text))
+        cases.append((f"last.ckpt: byte {at} flipped", text[:at] + bytes([text[at] ^ 0xFF]) + text[at + 1 :]))
+    state = torch.load(io.BytesIO(text), weights_only=True)
+    for _ in range(CHECKPOINT_ENTRIES):
+        key, hostile = rng.choice(sorted(state)), rng.choice([None, "x", -1, {"a": 1}, [], 1e308])
+        buffer = io.BytesIO()
+        torch.save({**state, key: hostile}, buffer)
+        cases.append((f"last.ckpt: {key}={hostile!r}", buffer.getvalue()))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Two finished runs of the default task (a and b) under one log folder, the source of every file."""
+    from lightspeed.run.entry import compose_config
+    from lightspeed.train import train
+
+    logs = tmp_path_factory.mktemp("records")
+    for name in ("a", "b"):
+        out = f"paths.output_dir={logs / 'train' / 'runs' / name}"
+        train(
+            compose_config(
+                "train", [*TINY, f"run_name={name}", out, "curves=true", "print_config=false"], logs
+            )
+        )
+    return logs
+
+
+def outcome(read: Callable[[], Any], capsys) -> None:
+    """`read` returns, or ends in one line: a ConfigError (exit 2), or an `error: ...` exit of its own."""
+    try:
+        with exit_on_config_error():
+            read()
+    except SystemExit as stop:
+        err = capsys.readouterr().err.strip().splitlines()
+        if isinstance(stop.code, str):  # make compare's own: the message is the exit
+            err = stop.code.splitlines()
+        else:
+            assert stop.code == 2, (stop.code, err[-5:])
+        assert len([e for e in err if e.startswith("error: ")]) == 1 and "Traceback" not in "\n".join(err), (
+            err
+        )
+
+
+def _readers(logs: Path, surface: str) -> list[Callable[[], Any]]:
+    """What reads each surface, as the commands do."""
+    from lightspeed import compare
+    from lightspeed.report.curves import CurvesLogger
+    from lightspeed.resilience import identity, resume
+    from lightspeed.run.entry import compose_config
+    from lightspeed.run.restore import find_checkpoint, load_module
+    from lightspeed.run.tracking import continue_runs
+
+    run_a = logs / "train" / "runs" / "a"
+    both = [str(run_a), str(logs / "train" / "runs" / "b"), "--out", str(logs / "compare.png")]
+    if surface in ("summary.json", "curves.json"):
+        readers = [lambda: find_checkpoint("latest", logs), lambda: compare.main(both)]
+        if surface == "curves.json":
+            readers.append(lambda: CurvesLogger(run_a).log_metrics({"train/loss": 1.0}, step=3))
+        return readers
+    if surface == "run.json":
+        run = ["run_name=a", f"paths.output_dir={run_a}", "print_config=false"]
+        cfg = compose_config("train", [*TINY, *run], logs)
+        return [lambda: resume.start(cfg), lambda: identity.add_fit_seconds(run_a, 1.0)]
+    if surface == "tracking.json":
+        loggers = {
+            "mlflow": {"_target_": "lightning.pytorch.loggers.MLFlowLogger", "tracking_uri": "http://a"},
+            "wandb": {"_target_": "lightning.pytorch.loggers.WandbLogger", "project": "p", "offline": True},
+        }
+        cfg = OmegaConf.create({"paths": {"output_dir": str(run_a)}, "logger": loggers})
+        return [lambda: continue_runs(cfg)]
+    cfg = compose_config("eval", [f"ckpt_path={run_a / 'checkpoints' / 'last.ckpt'}"], logs)
+    rerun = compose_config("train", [*TINY, "run_name=a", f"paths.output_dir={run_a}"], logs)
+    return [lambda: load_module(cfg), lambda: resume.start(rerun)]
+
+
+SURFACES = {
+    "summary.json": "summary.json",
+    "run.json": "run.json",
+    "tracking.json": "tracking.json",
+    "curves.json": "curves.json",
+    "last.ckpt": "checkpoints/last.ckpt",
+}
+SEED = int(os.environ.get("FUZZ_SEED", "0"))
+
+
+def _base(surface: str) -> bytes:
+    """The file as a run writes it (tracking.json as two tracked runs leave it)."""
+    if surface == "tracking.json":
+        return json.dumps(
+            {"mlflow": {"id": "m1", "at": "http://a"}, "wandb": {"id": "w1", "at": "p"}}
+        ).encode()
+    return b""  # read from the run in the test (a module fixture cannot parametrize)
+
+
+def _cases(surface: str, text: bytes) -> list[tuple[str, bytes]]:
+    return checkpoint_cases(text, SEED) if surface == "last.ckpt" else json_cases(surface, text, SEED)
+
+
+#: The number of each surface's cases (the same for any file of its kind), to parametrize by index.
+COUNTS = {s: len(WHOLE) + STRUCTURAL for s in SURFACES if s != "last.ckpt"} | {
+    "last.ckpt": 6 + CHECKPOINT_ENTRIES
+}
+ALL = [(s, i) for s, n in COUNTS.items() for i in range(n)]
+SAMPLE = random.Random(SEED).sample(ALL, 30)
+
+
+def check(surface: str, index: int, runs: Path, tmp_path: Path, capsys) -> None:
+    logs = tmp_path / "logs"
+    shutil.copytree(runs, logs)
+    target = logs / "train" / "runs" / "a" / SURFACES[surface]
+    text = _base(surface) or target.read_bytes()
+    said, mutated = _cases(surface, text)[index]
+    target.write_bytes(mutated)
+    capsys.readouterr()
+    for read in _readers(logs, surface):
+        try:
+            outcome(read, capsys)
+        except AssertionError as failed:
+            raise AssertionError(f"{said}: {failed}") from None
+
+
+@pytest.mark.parametrize(("surface", "index"), SAMPLE, ids=[f"{s}-{i}" for s, i in SAMPLE])
+def test_a_sample_of_mutated_records_ends_in_a_result_or_one_line(
+    surface, index, runs, tmp_path, capsys
+) -> None:
+    check(surface, index, runs, tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("surface", "index"), ALL, ids=[f"{s}-{i}" for s, i in ALL])
+def test_every_mutated_record_ends_in_a_result_or_one_line(surface, index, runs, tmp_path, capsys) -> None:
+    check(surface, index, runs, tmp_path, capsys)
