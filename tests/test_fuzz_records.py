@@ -10,6 +10,7 @@ FUZZ_SEED=<n> draws another), the slow suite runs them all."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import io
 import json
 import os
@@ -111,6 +112,18 @@ def runs(tmp_path_factory) -> Path:
     return logs
 
 
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """Shards of a small synthetic data set, as `make shards` writes them (None without LitData)."""
+    if importlib.util.find_spec("litdata") is None:
+        return None
+    from lightspeed.data import SyntheticDataModule
+    from lightspeed.data.shards import write_shards
+
+    data = SyntheticDataModule(num_samples=300, shape=[3, 8, 8], batch_size=16)
+    return write_shards(data, tmp_path_factory.mktemp("shards") / "s", "16KB")
+
+
 def outcome(read: Callable[[], Any], capsys) -> None:
     """`read` returns, or ends in one line: a ConfigError (exit 2), or an `error: ...` exit of its own."""
     try:
@@ -147,6 +160,12 @@ def _readers(logs: Path, surface: str) -> list[Callable[[], Any]]:
         run = ["run_name=a", f"paths.output_dir={run_a}", "print_config=false"]
         cfg = compose_config("train", [*TINY, *run], logs)
         return [lambda: resume.start(cfg), lambda: identity.add_fit_seconds(run_a, 1.0)]
+    if surface == "meta.json":
+        from lightspeed.train import train
+
+        streamed = ["data=shards", f"data.path={logs / 's'}", "data.batch_size=16", "model=mlp"]
+        short = ["trainer.max_epochs=1", "test_after_fit=false", "run_name=shards"]
+        return [lambda: train(compose_config("train", [*TINY, *streamed, *short], logs))]
     if surface == "tracking.json":
         loggers = {
             "mlflow": {"_target_": "lightning.pytorch.loggers.MLFlowLogger", "tracking_uri": "http://a"},
@@ -165,6 +184,7 @@ SURFACES = {
     "tracking.json": "tracking.json",
     "curves.json": "curves.json",
     "last.ckpt": "checkpoints/last.ckpt",
+    "meta.json": "meta.json",
 }
 SEED = int(os.environ.get("FUZZ_SEED", "0"))
 
@@ -190,10 +210,14 @@ ALL = [(s, i) for s, n in COUNTS.items() for i in range(n)]
 SAMPLE = random.Random(SEED).sample(ALL, 30)
 
 
-def check(surface: str, index: int, runs: Path, tmp_path: Path, capsys) -> None:
+def check(surface: str, index: int, runs: Path, shards: Path | None, tmp_path: Path, capsys) -> None:
     logs = tmp_path / "logs"
     shutil.copytree(runs, logs)
     target = logs / "train" / "runs" / "a" / SURFACES[surface]
+    if surface == "meta.json":
+        if shards is None:
+            pytest.skip("data=shards needs the streaming extra (make install EXTRAS=dev,streaming)")
+        target = shutil.copytree(shards, logs / "s") / "meta.json"
     text = _base(surface) or target.read_bytes()
     said, mutated = _cases(surface, text)[index]
     target.write_bytes(mutated)
@@ -214,5 +238,7 @@ def test_a_sample_of_mutated_records_ends_in_a_result_or_one_line(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("surface", "index"), ALL, ids=[f"{s}-{i}" for s, i in ALL])
-def test_every_mutated_record_ends_in_a_result_or_one_line(surface, index, runs, tmp_path, capsys) -> None:
-    check(surface, index, runs, tmp_path, capsys)
+def test_every_mutated_record_ends_in_a_result_or_one_line(
+    surface, index, runs, shards, tmp_path, capsys
+) -> None:
+    check(surface, index, runs, shards, tmp_path, capsys)

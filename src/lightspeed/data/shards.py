@@ -116,19 +116,47 @@ def _checksums(split: Path) -> dict[str, int]:
     return {c["filename"]: crc32(split / c["filename"]) for c in index["chunks"]}
 
 
+def _numbers(value: Any, n: int | None = None) -> bool:
+    return (
+        isinstance(value, list)
+        and (n is None or len(value) == n)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    )
+
+
+#: meta.json's fields and the shape `write_shards` gives each (None: shards written before it was kept).
+_META_FIELDS: dict[str, Any] = {
+    "samples": lambda v: (
+        isinstance(v, dict)
+        and all(isinstance(v.get(s), int) and not isinstance(v[s], bool) and v[s] >= 0 for s in SPLITS)
+    ),
+    "declares": lambda v: v is None or isinstance(v, dict),
+    "model_args": lambda v: v is None or isinstance(v, dict),
+    "target_stats": lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(map(_numbers, v))),
+    "input_scale": lambda v: v is None or _numbers(v, 2),
+    CHECKSUMS: lambda v: (
+        v is None or (isinstance(v, dict) and all(isinstance(v.get(s), dict) for s in SPLITS))
+    ),
+    "input_shape": lambda v: v is None or _numbers(v),
+}
+
+
 def _readable_shards(path: Path) -> dict[str, Any]:
     """meta.json, after checking that it and each split's index and chunk files are there and readable:
     one line naming what is wrong, where LitData would fail with a traceback in the middle of a run."""
     try:
         meta = json.loads((path / META).read_text())
-        if not isinstance(meta, dict) or not isinstance(meta.get("samples"), dict):
+        if not isinstance(meta, dict):
             raise ValueError("not the meta.json make shards writes")
+        wrong = next((k for k, fits in _META_FIELDS.items() if not fits(meta.get(k))), None)
+        if wrong is not None:
+            raise ValueError(f"its {wrong} is not what make shards writes")
         for split in SPLITS:
             index = json.loads((path / split / "index.json").read_text())
             missing = [c["filename"] for c in index["chunks"] if not (path / split / c["filename"]).is_file()]
             if missing:
                 raise ValueError(f"{split}/{missing[0]} is missing")
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
         raise ConfigError(
             f"data.path={path} holds broken shards ({err}): write them again with `make shards`"
         ) from None
