@@ -1,8 +1,9 @@
 """The files a run writes for itself and reads back, mutated as a disk, an editor or an attacker might leave
-them: summary.json, run.json, tracking.json, curves.json, a shard folder's meta.json and the checkpoint.
-Each mutated file, read by what reads it (eval's `ckpt_path=latest`, `make compare`, a rerun's resume, the
-tracked runs' continuation, the curves, `data=shards`, eval's checkpoint load), ends in a correct result or
-one line (exit 2, or a `make compare` error), never a traceback.
+them: summary.json, run.json, tracking.json, curves.json, a shard folder's meta.json, the checkpoint and a
+search's study.db. Each mutated file, read by what reads it (eval's `ckpt_path=latest`, `make compare`, a
+rerun's resume, the tracked runs' continuation, the curves, `data=shards`, eval's checkpoint load, a continued
+search), ends in a correct result or one line (exit 2, or a `make compare` error), never a traceback or a
+hang. (search.json is written, never read back.)
 
 The mutations are drawn from a fixed seed: the fast suite runs a sample (the same cases on every run;
 FUZZ_SEED=<n> draws another), the slow suite runs them all."""
@@ -124,6 +125,59 @@ def shards(tmp_path_factory) -> Path:
     return write_shards(data, tmp_path_factory.mktemp("shards") / "s", "16KB")
 
 
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path | None:
+    """The folder of a search of two trials (made-up scores), its study.db as Optuna keeps it (None without
+    Optuna)."""
+    if importlib.util.find_spec("optuna") is None:
+        return None
+    from lightspeed.run import search
+    from test_search import _search_cfg
+
+    folder = tmp_path_factory.mktemp("study")
+    search.run(_search_cfg(folder, "hparams_search.n_trials=2"), lambda cfg, _: float(cfg.model.optimizer.lr))
+    return folder / "search"
+
+
+#: SQL a hand or a tool might leave in a study (Optuna's own tables).
+TAMPERED = [
+    "UPDATE trial_params SET param_value = 1e308",
+    "UPDATE trial_params SET distribution_json = 'x'",
+    'UPDATE trial_params SET distribution_json = \'{"name": "FloatDistribution", "attributes": {}}\'',
+    "UPDATE trials SET state = 'NOPE'",
+    "UPDATE trial_values SET value = NULL",
+    "DELETE FROM study_directions",
+    "DROP TABLE trial_values",
+    "UPDATE studies SET study_name = 'other'",
+    "UPDATE trial_user_attributes SET value_json = '{'",
+    "INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (1, 'failed', '[[[[')",
+]
+
+
+def study_cases(text: bytes, seed: int) -> list[tuple[str, bytes]]:
+    """Bytes torn or flipped (SQLite's header and pages), another file's bytes, and tampered rows."""
+    import sqlite3
+    import tempfile
+
+    rng = random.Random(f"study-{seed}")
+    cases = [
+        ("study.db: empty", b""),
+        ("study.db: torn", text[: len(text) // 2]),
+        ("study.db: text", b"hello"),
+    ]
+    for at in [0, 20, 100, *(rng.randrange(len(text)) for _ in range(5))]:
+        cases.append((f"study.db: byte {at} flipped", text[:at] + bytes([text[at] ^ 0xFF]) + text[at + 1 :]))
+    for statement in TAMPERED:
+        with tempfile.TemporaryDirectory() as scratch:
+            db = Path(scratch) / "study.db"
+            db.write_bytes(text)
+            with sqlite3.connect(db) as connection:
+                connection.execute(statement)
+            connection.close()
+            cases.append((f"study.db: {statement}", db.read_bytes()))
+    return cases
+
+
 def outcome(read: Callable[[], Any], capsys) -> None:
     """`read` returns, or ends in one line: a ConfigError (exit 2), or an `error: ...` exit of its own."""
     try:
@@ -160,6 +214,11 @@ def _readers(logs: Path, surface: str) -> list[Callable[[], Any]]:
         run = ["run_name=a", f"paths.output_dir={run_a}", "print_config=false"]
         cfg = compose_config("train", [*TINY, *run], logs)
         return [lambda: resume.start(cfg), lambda: identity.add_fit_seconds(run_a, 1.0)]
+    if surface == "study.db":
+        from lightspeed.run import search
+        from test_search import _search_cfg
+
+        return [lambda: search.run(_search_cfg(logs), lambda cfg, _: float(cfg.model.optimizer.lr))]
     if surface == "meta.json":
         from lightspeed.train import train
 
@@ -185,6 +244,7 @@ SURFACES = {
     "curves.json": "curves.json",
     "last.ckpt": "checkpoints/last.ckpt",
     "meta.json": "meta.json",
+    "study.db": "study.db",
 }
 SEED = int(os.environ.get("FUZZ_SEED", "0"))
 
@@ -199,18 +259,23 @@ def _base(surface: str) -> bytes:
 
 
 def _cases(surface: str, text: bytes) -> list[tuple[str, bytes]]:
+    if surface == "study.db":
+        return study_cases(text, SEED)
     return checkpoint_cases(text, SEED) if surface == "last.ckpt" else json_cases(surface, text, SEED)
 
 
 #: The number of each surface's cases (the same for any file of its kind), to parametrize by index.
-COUNTS = {s: len(WHOLE) + STRUCTURAL for s in SURFACES if s != "last.ckpt"} | {
-    "last.ckpt": 6 + CHECKPOINT_ENTRIES
+COUNTS = {s: len(WHOLE) + STRUCTURAL for s in SURFACES} | {
+    "last.ckpt": 6 + CHECKPOINT_ENTRIES,
+    "study.db": 11 + len(TAMPERED),
 }
 ALL = [(s, i) for s, n in COUNTS.items() for i in range(n)]
 SAMPLE = random.Random(SEED).sample(ALL, 30)
 
 
-def check(surface: str, index: int, runs: Path, shards: Path | None, tmp_path: Path, capsys) -> None:
+def check(
+    surface: str, index: int, runs: Path, shards: Path | None, study: Path | None, tmp_path, capsys
+) -> None:
     logs = tmp_path / "logs"
     shutil.copytree(runs, logs)
     target = logs / "train" / "runs" / "a" / SURFACES[surface]
@@ -218,6 +283,10 @@ def check(surface: str, index: int, runs: Path, shards: Path | None, tmp_path: P
         if shards is None:
             pytest.skip("data=shards needs the streaming extra (make install EXTRAS=dev,streaming)")
         target = shutil.copytree(shards, logs / "s") / "meta.json"
+    if surface == "study.db":
+        if study is None:
+            pytest.skip("hparams_search needs the search extra (make install EXTRAS=dev,search)")
+        target = shutil.copytree(study, logs / "search") / "study.db"
     text = _base(surface) or target.read_bytes()
     said, mutated = _cases(surface, text)[index]
     target.write_bytes(mutated)
@@ -231,14 +300,14 @@ def check(surface: str, index: int, runs: Path, shards: Path | None, tmp_path: P
 
 @pytest.mark.parametrize(("surface", "index"), SAMPLE, ids=[f"{s}-{i}" for s, i in SAMPLE])
 def test_a_sample_of_mutated_records_ends_in_a_result_or_one_line(
-    surface, index, runs, tmp_path, capsys
+    surface, index, runs, shards, study, tmp_path, capsys
 ) -> None:
-    check(surface, index, runs, tmp_path, capsys)
+    check(surface, index, runs, shards, study, tmp_path, capsys)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("surface", "index"), ALL, ids=[f"{s}-{i}" for s, i in ALL])
 def test_every_mutated_record_ends_in_a_result_or_one_line(
-    surface, index, runs, shards, tmp_path, capsys
+    surface, index, runs, shards, study, tmp_path, capsys
 ) -> None:
-    check(surface, index, runs, shards, tmp_path, capsys)
+    check(surface, index, runs, shards, study, tmp_path, capsys)

@@ -8,8 +8,10 @@ validation metric falls behind are pruned (Optuna's pruner, told at every valida
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,7 @@ def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # radon C: killed trials rerun; pruned/failed/scored
+# radon C: one study, its cut trials, then ask/train/tell until n_trials
 def run(cfg: DictConfig, train: Any) -> float | None:
     """Run (or continue) the search `cfg.hparams_search` describes, each trial `train(trial_cfg,
     callbacks)`; returns the best trial's score and writes `search.json` beside the study."""
@@ -90,20 +93,29 @@ def run(cfg: DictConfig, train: Any) -> float | None:
     folder.mkdir(parents=True, exist_ok=True)
     metric, mode = cfg.monitor.metric, cfg.monitor.mode
     space = {k: distribution(optuna, k, v) for k, v in _leaves(OmegaConf.to_container(search.params)).items()}
-    study = optuna.create_study(
-        study_name=str(search.study_name),
-        storage=f"sqlite:///{folder.resolve() / 'study.db'}",
-        direction="maximize" if mode == "max" else "minimize",
-        pruner=instantiate(search.pruner) if search.get("pruner") else optuna.pruners.NopPruner(),
-        load_if_exists=True,
-    )
-    for trial in study.get_trials(states=(optuna.trial.TrialState.RUNNING,)):  # killed with the search
-        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-        study.enqueue_trial(trial.params)
-        rank_zero_info(f"hparams_search: trial {trial.number} was cut short: running its values again")
-    while (done := len(_finished(optuna, study))) < search.n_trials:
+    direction = "maximize" if mode == "max" else "minimize"
+    with _study_file(folder):
+        study = optuna.create_study(
+            study_name=str(search.study_name),
+            storage=f"sqlite:///{folder.resolve() / 'study.db'}",
+            direction=direction,
+            pruner=instantiate(search.pruner) if search.get("pruner") else optuna.pruners.NopPruner(),
+            load_if_exists=True,
+        )
+        if [d.name.lower() for d in study.directions] != [direction]:
+            raise ValueError(f"its directions are {[d.name for d in study.directions]}, not [{direction}]")
+        for trial in study.get_trials(states=(optuna.trial.TrialState.RUNNING,)):  # killed with the search
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            study.enqueue_trial(trial.params)
+            rank_zero_info(f"hparams_search: trial {trial.number} was cut short: running its values again")
+    while True:
+        with _study_file(folder):
+            done = len(_finished(optuna, study))
+        if done >= search.n_trials:
+            break
         study.sampler = instantiate(search.sampler, seed=int(search.seed) + done)
-        trial = study.ask(space)
+        with _study_file(folder):
+            trial = study.ask(space)
         trial_cfg = _trial_config(cfg, trial.params, folder / "trials" / str(trial.number))
         prune = PruneOnValidation(trial, metric)
         try:
@@ -114,16 +126,40 @@ def run(cfg: DictConfig, train: Any) -> float | None:
             score, failed = None, f"exit {stop.code}"
         else:
             failed = None if score is not None or prune.pruned else "no score (no validation?)"
-        if prune.pruned:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        elif failed is not None:  # counted as finished: the next trial draws anew, never the same again
-            trial.set_user_attr("failed", failed)
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        else:
-            study.tell(trial, score)
+        with _study_file(folder):
+            _tell(optuna, study, trial, score, failed, prune.pruned)
         said = "pruned" if prune.pruned else f"failed ({failed})" if failed else score
         rank_zero_info(f"hparams_search: trial {trial.number} {said}: {trial.params}")
-    return _report(study, folder)
+    with _study_file(folder):
+        return _report(study, folder)
+
+
+def _tell(optuna: Any, study: Any, trial: Any, score: float | None, failed: str | None, pruned: bool) -> None:
+    """The trial's end into the study; a score it does not keep (a study changed by hand) is an error, where
+    the search would run trials forever."""
+    if pruned:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    elif failed is not None:  # counted as finished: the next trial draws anew, never the same again
+        trial.set_user_attr("failed", failed)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    elif study.tell(trial, score).state != optuna.trial.TrialState.COMPLETE:
+        raise ValueError(f"it did not keep trial {trial.number}'s score {score}")
+
+
+@contextlib.contextmanager
+def _study_file(folder: Path) -> Iterator[None]:
+    """Optuna's errors reading or writing a study its file no longer holds as Optuna wrote it (torn, edited,
+    another program's) as one line; a search's own trials run outside."""
+    try:
+        yield
+    except Exception as err:  # SQLAlchemy's, Optuna's, and what its decoding of edited rows raises
+        if isinstance(err, ConfigError):
+            raise
+        cause = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ConfigError(
+            f"hparams_search: {folder / 'study.db'} is not a study this search can continue ({cause}): move "
+            "it away to start the search anew, or run_name=<new name>"
+        ) from None
 
 
 def _finished(optuna: Any, study: Any) -> list[Any]:
