@@ -285,6 +285,17 @@ def test_only_jpeg_and_png_are_decoded_and_bombs_are_one_line(tmp_path: Path, mo
         decode(text, 8, 3)
 
 
+def _refused_as_changed(cfg, capsys) -> None:
+    """The rerun ends in one line (exit 2) saying the data changed since the run's checkpoint."""
+    with pytest.raises(SystemExit) as stop:
+        train(cfg)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(
+        "error: the data changed since this run's checkpoint: its training split now has"
+    )
+
+
 def test_a_folder_changed_since_the_run_s_checkpoint_is_refused_naming_the_change(
     train_cfg, folder: Path, run_dir: Path, capsys
 ) -> None:
@@ -299,13 +310,7 @@ def test_a_folder_changed_since_the_run_s_checkpoint_is_refused_naming_the_chang
     for added in (1, 30):  # one image; enough for an epoch of another length too
         for i in range(added):
             shutil.copy(folder / "blob" / "0.png", folder / "blob" / f"new{i}.png")
-        with pytest.raises(SystemExit) as stop:
-            train(train_cfg(*run))
-        err = capsys.readouterr().err.strip().splitlines()
-        assert stop.value.code == 2 and len(err) == 1, err
-        assert err[0].startswith(
-            "error: the data changed since this run's checkpoint: its training split now"
-        )
+        _refused_as_changed(train_cfg(*run), capsys)
         if added == 1:  # a new run fine-tuning from it on the changed folder: its own choice, not refused
             last = run_dir / "checkpoints" / "last.ckpt"
             tuned = [
@@ -335,13 +340,7 @@ def test_a_folder_with_its_own_splits_changed_in_train_is_refused_and_in_test_re
         train(train_cfg(*run), [Fault("sigterm", step=2)])
     capsys.readouterr()
     added = shutil.copy(root / "train" / "blob" / "0.png", root / "train" / "blob" / "new.png")
-    with pytest.raises(SystemExit) as stop:
-        train(train_cfg(*run))
-    err = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith(
-        "error: the data changed since this run's checkpoint: its training split now has"
-    )
+    _refused_as_changed(train_cfg(*run), capsys)
     os.unlink(added)
     shutil.copy(root / "test" / "blob" / "0.png", root / "test" / "blob" / "new.png")
     assert train(train_cfg(*run)).trainer.global_step == 6  # resumed to the end: 2 epochs of 27 // 8 batches
