@@ -323,3 +323,42 @@ def test_a_tracking_uri_s_password_is_not_logged_with_the_config() -> None:
     assert (
         _as_logged({"tracking_uri": "sqlite:///logs/mlflow.db"})["tracking_uri"] == "sqlite:///logs/mlflow.db"
     )
+
+
+def test_an_mlflow_server_that_is_down_or_never_answers_is_one_line_before_training(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A refused port, and a server that takes the connection and never answers (MLflow's own waits: 4 and
+    16 minutes, then a traceback): MLflow's retries are bounded, then one line naming the setting, exit 2,
+    at the first request (the config's logging, before fit)."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    pytest.importorskip("mlflow", reason="logger=mlflow needs the tracking extra")
+    from lightspeed.run.tracking import MLFLOW_WAITS, log_config
+
+    for name in MLFLOW_WAITS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(
+        "MLFLOW_HTTP_REQUEST_TIMEOUT", "1"
+    )  # a user's own value wins; 1 s keeps the test short
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the connection; nothing ever reads or answers
+        for uri in (f"http://127.0.0.1:{silent.getsockname()[1]}", f"http://127.0.0.1:{_free_port()}"):
+            node = {"_target_": "lightning.pytorch.loggers.MLFlowLogger", "tracking_uri": uri}
+            cfg = OmegaConf.create({"paths": {"output_dir": str(tmp_path)}, "logger": {"mlflow": node}})
+            continue_runs(cfg)
+            with pytest.raises(SystemExit) as stop:
+                log_config({"logger": {"mlflow": node}}, [MLFlowLogger(tracking_uri=uri)])
+            assert stop.value.code == 2
+            line = capsys.readouterr().err.strip().splitlines()[-1]
+            assert line.startswith(f"error: logger.mlflow.tracking_uri={uri}: MLflow cannot log there (")
+            assert "logger=csv" in line
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "1"
+    retries = int(os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"])
+    assert retries == int(MLFLOW_WAITS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"])  # set, where MLflow's 7 was
+    tries_s = (retries + 1) * int(MLFLOW_WAITS["MLFLOW_HTTP_REQUEST_TIMEOUT"])
+    assert (
+        tries_s + sum(int(MLFLOW_WAITS["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"]) * 2**i for i in range(retries))
+        < 90
+    )

@@ -4,10 +4,12 @@ built). W&B logs offline without a key (`offline: auto`; `wandb sync` later): ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import netrc
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,18 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, open_dict
 
-from lightspeed.core.config import flatten, locate
+from lightspeed.core.config import ConfigError, exit_on_config_error, flatten, locate
 from lightspeed.core.files import read_json, write_text_atomically
 
 TRACKING_FILE = "tracking.json"
+#: MLflow's waits on a tracking server, where the environment does not set them: its own (7 retries,
+#: backoff 2, 120 s a request) waited 4 minutes on a refused port, and 16 minutes on a server that never
+#: answers, before a traceback. Here: at most 3 tries of 20 s and 3 s of backoff, then one line.
+MLFLOW_WAITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
 
 
 def _kind(node: Any) -> type | None:
@@ -88,6 +98,9 @@ def continue_runs(cfg: DictConfig) -> None:
     stored; W&B's `offline: auto` resolved (offline without a key, unless WANDB_MODE says otherwise)."""
     nodes = cfg.get("logger") or {}
     stored = _stored(Path(cfg.paths.output_dir))
+    if any(_kind(node) is MLFlowLogger for node in nodes.values()):
+        for name, value in MLFLOW_WAITS.items():  # before any request; DDP's ranks inherit them
+            os.environ.setdefault(name, value)
     with open_dict(cfg):
         for name, node in nodes.items():
             kind = _kind(node)
@@ -141,11 +154,15 @@ def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
     """The resolved config into every logger, minus the tracked runs' ids; a continued MLflow run keeps its
     first params (MLflow refuses to change one): only new keys are added, and changed ones named."""
     config = {**config, "logger": {n: _as_logged(node) for n, node in (config.get("logger") or {}).items()}}
-    for logger in loggers:
+    nodes = [
+        (n, node) for n, node in config["logger"].items() if isinstance(node, dict) and "_target_" in node
+    ]
+    for (name, node), logger in zip(nodes, loggers, strict=False):  # built in this order
         if not isinstance(logger, MLFlowLogger):
             logger.log_hyperparams(config)
             continue
-        kept = logger.experiment.get_run(logger.run_id).data.params
+        with exit_on_config_error(), _store_answers(name, str(node.get("tracking_uri"))):  # before training
+            kept = logger.experiment.get_run(logger.run_id).data.params
         flat = flatten(config, "/")  # as Lightning's loggers flatten it
         changed = sorted(k for k, v in flat.items() if k in kept and kept[k] != str(v)[:250])
         if changed:
@@ -155,6 +172,26 @@ def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
                 "are in the run folder's .hydra/config.yaml"
             )
         logger.log_hyperparams({k: v for k, v in flat.items() if k not in kept})
+
+
+@contextlib.contextmanager
+def _store_answers(name: str, uri: str) -> Iterator[None]:
+    """MLflow's failure to reach or use its tracking store (a server that is down or never answers, a
+    `databricks` URI without credentials) as one line, after the retries MLFLOW_WAITS bounds."""
+    try:
+        yield
+    except Exception as err:
+        if type(err).__module__.split(".")[0] not in ("mlflow", "requests", "urllib3"):
+            raise
+        said = str(err).strip()
+        # the reason inside the text of requests' and urllib3's nested errors
+        reason = re.search(r"\[Errno -?\d+\] [^'\")]*|Read timed out|timed out", said)
+        cause = reason.group(0) if reason else (said.splitlines() or [type(err).__name__])[0][:200]
+        raise ConfigError(
+            f"logger.{name}.tracking_uri={uri}: MLflow cannot log there ({cause}): start that server, set "
+            f"logger.{name}.tracking_uri (or MLFLOW_TRACKING_URI) to one that answers, or log locally: "
+            "logger=csv, or logger=mlflow without a tracking_uri (logs/mlflow.db)"
+        ) from None
 
 
 def _as_logged(node: Any) -> Any:
