@@ -212,3 +212,38 @@ def test_failed_trials_count_toward_n_trials_in_process(tmp_path: Path) -> None:
         ("FAIL", "exit 3"),
         ("FAIL", "exit 2"),
     ]
+
+
+def test_a_time_budget_ends_the_search_and_a_count_without_one_is_bounded(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """timeout_s: no trial starts after it (each trial here takes 10 s of a clock the test controls), and
+    the same command continues; a count of trials that is none, or too large to end without a budget, is
+    one line before any trial."""
+    from lightspeed.core.config import ConfigError
+    from lightspeed.run import search
+
+    clock = [0.0]
+    monkeypatch.setattr(search.time, "monotonic", lambda: clock[0])
+
+    def ten_seconds(cfg, _) -> float:
+        clock[0] += 10
+        return _score(cfg)
+
+    search.run(_search_cfg(tmp_path, "hparams_search.timeout_s=25"), ten_seconds)
+    assert len(json.loads((tmp_path / "search" / SEARCH_FILE).read_text())["trials"]) == 3  # at 0, 10, 20 s
+    search.run(_search_cfg(tmp_path, "hparams_search.timeout_s=25"), ten_seconds)
+    assert len(json.loads((tmp_path / "search" / SEARCH_FILE).read_text())["trials"]) == 5  # n_trials=5
+
+    for overrides, said in [
+        (["hparams_search.n_trials=100000"], r"^hparams_search\.n_trials=100000 has no time budget: set "),
+        (["hparams_search.n_trials=0"], r"^hparams_search\.n_trials=0 is invalid: a whole number"),
+        (["hparams_search.timeout_s=-1"], r"^hparams_search\.timeout_s=-1 is invalid: seconds"),
+    ]:
+        with pytest.raises(ConfigError, match=said):
+            search.run(_search_cfg(tmp_path / "bad", *overrides), lambda *_: pytest.fail("a trial ran"))
+    search.run(
+        _search_cfg(tmp_path / "big", "hparams_search.n_trials=100000", "hparams_search.timeout_s=15"),
+        ten_seconds,
+    )
+    assert len(json.loads((tmp_path / "big" / "search" / SEARCH_FILE).read_text())["trials"]) == 2

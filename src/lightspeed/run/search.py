@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from lightspeed.core.failures import TRAINING_FAILURE_EXIT
 from lightspeed.core.files import write_text_atomically
 
 SEARCH_FILE = "search.json"
+#: Trials a search may ask for without a time budget (`timeout_s`): more is a search that never ends.
+MAX_TRIALS_WITHOUT_BUDGET = 1000
 
 
 def _optuna() -> Any:
@@ -92,6 +95,7 @@ def run(cfg: DictConfig, train: Any) -> float | None:
     folder = Path(cfg.paths.output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     metric, mode = cfg.monitor.metric, cfg.monitor.mode
+    deadline = _deadline(search.n_trials, search.get("timeout_s"))
     space = {k: distribution(optuna, k, v) for k, v in _leaves(OmegaConf.to_container(search.params)).items()}
     direction = "maximize" if mode == "max" else "minimize"
     with _study_file(folder):
@@ -113,6 +117,12 @@ def run(cfg: DictConfig, train: Any) -> float | None:
             done = len(_finished(optuna, study))
         if done >= search.n_trials:
             break
+        if time.monotonic() >= deadline:
+            rank_zero_info(
+                f"hparams_search: timeout_s={search.timeout_s} is spent after {done} finished trials of "
+                f"{search.n_trials}: the same command continues the search"
+            )
+            break
         study.sampler = instantiate(search.sampler, seed=int(search.seed) + done)
         with _study_file(folder):
             trial = study.ask(space)
@@ -132,6 +142,32 @@ def run(cfg: DictConfig, train: Any) -> float | None:
         rank_zero_info(f"hparams_search: trial {trial.number} {said}: {trial.params}")
     with _study_file(folder):
         return _report(study, folder)
+
+
+def _deadline(n_trials: Any, timeout_s: Any) -> float:
+    """When this invocation starts no more trials: `timeout_s` from now (a rerun gets its own), else never;
+    a count of trials that is no count, or too large to end without a budget, is one line."""
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+        raise ConfigError(
+            f"hparams_search.n_trials={n_trials!r} is invalid: a whole number of trials, at least 1"
+        )
+    if timeout_s is None:
+        if n_trials > MAX_TRIALS_WITHOUT_BUDGET:
+            raise ConfigError(
+                f"hparams_search.n_trials={n_trials} has no time budget: set hparams_search.timeout_s="
+                "<seconds> (no trial starts after it; the same command continues), or at most "
+                f"{MAX_TRIALS_WITHOUT_BUDGET} trials"
+            )
+        return float("inf")
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not 0 < timeout_s < float("inf")
+    ):
+        raise ConfigError(
+            f"hparams_search.timeout_s={timeout_s!r} is invalid: seconds (> 0), or null for none"
+        )
+    return time.monotonic() + timeout_s
 
 
 def _tell(optuna: Any, study: Any, trial: Any, score: float | None, failed: str | None, pruned: bool) -> None:
