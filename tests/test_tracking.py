@@ -362,3 +362,29 @@ def test_an_mlflow_server_that_is_down_or_never_answers_is_one_line_before_train
         tries_s + sum(int(MLFLOW_WAITS["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"]) * 2**i for i in range(retries))
         < 90
     )
+
+
+def test_w_and_b_that_cannot_reach_its_server_is_one_line_before_training(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """With a key and no server (WANDB_BASE_URL refused: W&B gives up after its 90 s init_timeout with a
+    traceback, seen by hand), one line naming the logger and the offline switch, exit 2."""
+    wandb = pytest.importorskip("wandb", reason="logger=wandb needs the tracking extra")
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightspeed.run.tracking import log_config
+
+    def refused(*_, **__) -> None:
+        raise wandb.errors.CommError("Failed to get resume status for run x1: context deadline exceeded")
+
+    logger = WandbLogger(project="p", save_dir=str(tmp_path))
+    monkeypatch.setattr(logger, "log_hyperparams", refused)
+    node = {"_target_": "lightning.pytorch.loggers.WandbLogger", "project": "p"}
+    with pytest.raises(SystemExit) as stop:
+        log_config({"logger": {"wandb": node}}, [logger])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: logger.wandb: W&B cannot log (Failed to get resume status for run x1: context deadline "
+        "exceeded): check the network and WANDB_BASE_URL, or log offline (logger.wandb.offline=true; "
+        "`wandb sync` later), or logger=csv"
+    ]
