@@ -4,15 +4,9 @@ plain PyTorch loops on any experiment, in steady state, side by side.
     python -m lightspeed.bench [--steps 200] [--warmup auto] [--repeats 3] [--configs NAME,...|all]
                                [--out DIR] [overrides...]
 
-Each configuration trains in its own process, `--repeats` times (in rounds, so that a drifting machine
-affects every row alike): the presets as `python -m lightspeed.train <overrides> <its knobs>`, whose
-speed report (`speed.json`) is collected; the `hand` rows as `lightspeed.speed.handloop`, a plain PyTorch
-loop with the same knobs and data path as the preset it mirrors (`hand`: accel=default, `hand+off`,
-`hand+max`). The warm-up (compile, cuDNN autotuning, worker start-up) lasts until the step time
-settles, and is reported apart. `bench.md` (samples/s with its spread, against `off` and against the
-hand loop with the same knobs, median and mean step, warm-up, recompiles, data wait, peak memory, final
-loss) and `bench.png` go to --out (default logs/bench/<timestamp>). On a CPU the GPU-only knobs are
-skipped, and listed as such.
+Each configuration trains in its own process, `--repeats` times, in rounds (so that a drifting machine
+affects every row alike): the presets as `python -m lightspeed.train`, whose `speed.json` is collected;
+the `hand` rows as `lightspeed.speed.handloop`. What `bench.md` and `bench.png` show: docs/usage.md.
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
+from lightspeed.core import device as device_facts
 from lightspeed.report import figures
 from lightspeed.speed.steady import MAX_WARMUP
 
@@ -76,14 +71,11 @@ RUN = [
 ]
 
 
-def max_steps(steps: int, warmup: str) -> int:
-    """The run's length, which its LR schedule spans: the timed steps after the longest warm-up."""
-    return steps + (MAX_WARMUP if warmup == "auto" else int(warmup))
-
-
 def run_config(name: str, user: list[str], steps: int, warmup: str, run_dir: Path) -> dict:
     overrides = CONFIGS[name][0]
-    common = [*user, *overrides, *RUN, f"++trainer.max_steps={max_steps(steps, warmup)}"]
+    # the run's length, which its LR schedule spans: the timed steps after the longest warm-up
+    length = steps + (MAX_WARMUP if warmup == "auto" else int(warmup))
+    common = [*user, *overrides, *RUN, f"++trainer.max_steps={length}"]
     if name.startswith("hand"):
         cmd = [sys.executable, "-m", "lightspeed.bench", "--hand-run", str(run_dir), "--steps", str(steps)]
         cmd += ["--warmup", warmup, *common]
@@ -116,23 +108,17 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
 
     cfg = compose_config("train", overrides, run_dir / "logs")
     if int(cfg.trainer.get("accumulate_grad_batches", 1)) != 1:
-        print(
-            "error: the hand rows do not mirror trainer.accumulate_grad_batches: bench without it",
-            file=sys.stderr,
-        )
-        return 2
+        return _error("the hand rows do not mirror trainer.accumulate_grad_batches: bench without it")
     accel.resolve(cfg)
     accel.apply_to_torch(cfg)  # the same process settings: matmul precision, denormals
     torch.manual_seed(cfg.seed)
     dm = build.datamodule(cfg)
     dm.setup("fit")
     if not isinstance(getattr(dm, "splits", {}).get("train"), TensorDataset):
-        print(
-            f"error: the hand rows slice a data set held in memory; {type(dm).__name__} reads files: bench "
-            "with data.cache=true (an image folder), or with the data set the shards were made from",
-            file=sys.stderr,
+        return _error(
+            f"the hand rows slice a data set held in memory; {type(dm).__name__} reads files: bench "
+            "with data.cache=true (an image folder), or with the data set the shards were made from"
         )
-        return 2
     x, y = dm.splits["train"].tensors
     device = accel.device_type(cfg)
     data = OmegaConf.to_container(cfg.data, resolve=True)
@@ -140,22 +126,14 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
     on_device, _ = on_device_choice(data["on_device"], need, torch.device(device))
     knobs = cfg.accel
     net = build.model(cfg, dm)
-    lacks = [
-        w
-        for w, ok in (
-            ("loss", callable(getattr(net, "loss", None))),
-            ("model.optimizer", "optimizer" in cfg.model),
-        )
-        if not ok
-    ]
+    has = {"loss": callable(getattr(net, "loss", None)), "model.optimizer": "optimizer" in cfg.model}
+    lacks = [what for what, ok in has.items() if not ok]
     if lacks:
-        print(
-            "error: the hand rows train the module's forward with its loss(output, target) method and an "
+        return _error(
+            "the hand rows train the module's forward with its loss(output, target) method and an "
             f"optimizer from model.optimizer; {type(net).__name__} lacks {' and '.join(lacks)}: give it "
-            "that, or bench the presets alone (--configs off,default,max)",
-            file=sys.stderr,
+            "that, or bench the presets alone (--configs off,default,max)"
         )
-        return 2
     schedule = cfg.model.get("scheduler")
     settings = handloop.Settings(
         device=device,
@@ -183,16 +161,17 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
         seed=int(cfg.seed),
     )
     result = handloop.train(net, x, y, settings)
-    result.update(device=_device_name(device), precision=settings.precision, data_wait_share=None)
+    result.update(
+        device=device_facts.name(torch.device(device)), precision=settings.precision, data_wait_share=None
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 
-def _device_name(device: str) -> str:
-    from lightspeed.core import device as device_facts
-
-    return device_facts.name(torch.device(device))
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -335,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
     refused = _refused(args, names if args.hand_run is None else [])
     if refused:
-        print(f"error: {refused}", file=sys.stderr)
-        return 2
+        return _error(refused)
     if args.hand_run is not None:
         return hand_run(args.hand_run, args.steps, args.warmup, user)
     out = args.out or Path("logs") / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")

@@ -2,9 +2,7 @@
 
     python -m lightspeed.doctor [--json PATH] [--require-gpu] [--quick]
 
-Versions, each GPU (name, memory, compute capability, bf16 and TF32 support), whether torch.compile works, CPU
-cores and the `num_workers` that `auto` picks, host-to-device bandwidth (pageable, pinned), fp32/bf16 matmul
-TFLOP/s; then warnings with fixes. JSON keys: python, platform, torch, lightning, cuda_build, cudnn, nccl,
+What it measures: docs/usage.md. JSON keys: python, platform, torch, lightning, cuda_build, cudnn, nccl,
 driver, nvidia_device_present, cuda_available, gpus, cpu_cores, recommended_num_workers, compile_backend_ok,
 compile_problem, h2d_gbps, matmul_tflops, warnings. Exits 0; 1 with --require-gpu and no usable CUDA GPU."""
 
@@ -47,21 +45,16 @@ def _driver_version() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
-def _gpus() -> list[dict[str, Any]]:
-    gpus = []
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        gpus.append(
-            {
-                "name": p.name,
-                "memory_gib": round(p.total_memory / 2**30, 1),
-                "capability": f"{p.major}.{p.minor}",
-                "multiprocessors": p.multi_processor_count,
-                "bf16": p.major >= 8,  # bf16 tensor cores: Ampere and newer
-                "tf32": p.major >= 8,
-            }
-        )
-    return gpus
+def _gpu(index: int) -> dict[str, Any]:
+    p = torch.cuda.get_device_properties(index)
+    return {
+        "name": p.name,
+        "memory_gib": round(p.total_memory / 2**30, 1),
+        "capability": f"{p.major}.{p.minor}",
+        "multiprocessors": p.multi_processor_count,
+        "bf16": p.major >= 8,  # bf16 tensor cores: Ampere and newer
+        "tf32": p.major >= 8,
+    }
 
 
 def _best_seconds(fn: Any, repeats: int, sync: bool) -> float:
@@ -108,7 +101,7 @@ def matmul_tflops(device: str, quick: bool) -> dict[str, float | None]:
 
 def collect(quick: bool = False) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
-    gpus = _gpus() if cuda else []
+    gpus = [_gpu(i) for i in range(torch.cuda.device_count())] if cuda else []
     cpus = cpu_count()
     device = "cuda" if cuda else "cpu"
     problem = compile_problem("inductor", device)
@@ -196,15 +189,14 @@ def render(f: dict[str, Any], console: Console) -> None:
         f"{f['cuda_build'] or 'none (CPU build)'} / {f['cudnn'] or '-'} / {f['nccl'] or '-'}",
     )
     table.add_row("driver", f["driver"] or "no nvidia-smi")
-    if f["gpus"]:
-        for i, g in enumerate(f["gpus"]):
-            table.add_row(
-                f"GPU {i}",
-                f"{g['name']}, {g['memory_gib']} GiB, compute capability {g['capability']}, "
-                f"{g['multiprocessors']} SMs, bf16 {'yes' if g['bf16'] else 'no'}, "
-                f"TF32 {'yes' if g['tf32'] else 'no'}",
-            )
-    else:
+    for i, g in enumerate(f["gpus"]):
+        table.add_row(
+            f"GPU {i}",
+            f"{g['name']}, {g['memory_gib']} GiB, compute capability {g['capability']}, "
+            f"{g['multiprocessors']} SMs, bf16 {'yes' if g['bf16'] else 'no'}, "
+            f"TF32 {'yes' if g['tf32'] else 'no'}",
+        )
+    if not f["gpus"]:
         table.add_row("GPU", "none usable: training runs on the CPU, and the GPU knobs are no-ops")
     table.add_row(
         "CPU", f"{f['cpu_cores']} cores; data.num_workers=auto picks {f['recommended_num_workers']}"

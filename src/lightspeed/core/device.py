@@ -4,7 +4,6 @@ compute denormal numbers), read by doctor, the speed report and the data loaders
 from __future__ import annotations
 
 import os
-import re
 
 import torch
 
@@ -24,15 +23,9 @@ def gpu_model(name: str) -> str | None:
     """The `_PEAKS` key for a device name as the driver reports it ("NVIDIA H200", "NVIDIA H100 80GB
     HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", ...), or None for a GPU we have no figures for."""
     upper = name.upper()
-    if "H200" in upper:
-        return "H200"
     if "H100" in upper:
-        if "NVL" in upper:
-            return "H100 NVL"
-        return "H100 PCIe" if re.search(r"PCIE", upper) else "H100 SXM"
-    if "A100" in upper:
-        return "A100"
-    return None
+        return "H100 NVL" if "NVL" in upper else "H100 PCIe" if "PCIE" in upper else "H100 SXM"
+    return next((model for model in ("H200", "A100") if model in upper), None)
 
 
 def math_mode(precision: str, matmul_precision: str) -> str:
@@ -65,13 +58,11 @@ NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 def skip_repeated_cuda_probe() -> None:
-    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 so that asking never initialises CUDA (a forked process
-    could not use it); torch then asks NVML at every question until CUDA is initialised, and Adam, AdamW and
-    most torch optimizers (not SGD) ask every step: 50-80 us a step on a CPU run with torch's CUDA build and
-    no GPU. Without a GPU, torch's own check (answered from memory) is used; with one, nothing changes."""
-    if os.environ.get(NVML_CHECK) != "1" or not torch.backends.cuda.is_built():
-        return
-    if torch.cuda.device_count() == 0:
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 (asking must not initialise CUDA, which a forked process
+    could not use), so torch asks NVML at every question, and most optimizers ask every step
+    (docs/performance.md): without a GPU, torch's own check is used instead; with one, nothing changes."""
+    probes_nvml = os.environ.get(NVML_CHECK) == "1" and torch.backends.cuda.is_built()
+    if probes_nvml and torch.cuda.device_count() == 0:
         os.environ[NVML_CHECK] = "0"
 
 

@@ -1,10 +1,6 @@
-"""The acceleration knobs: resolve `auto` values for the device this run trains on, then apply the
-knobs to torch, the model and the data.
-
-Knobs that live where their library reads them (`trainer.precision`, `trainer.benchmark`, the loader
-settings under `data.`) are resolved here; the rest live under `accel.` and are applied here. A knob
-that cannot help on this device becomes a no-op, and one info line lists every such knob.
-"""
+"""The acceleration knobs: `auto` values resolved for the device this run trains on (those under `trainer.`
+and `data.` too, where their library reads them), then the `accel.` ones applied to torch and the model.
+A knob that cannot help on this device becomes a no-op, and one info line lists every such knob."""
 
 from __future__ import annotations
 
@@ -109,8 +105,8 @@ def _resolve_flush_denormal(cfg: DictConfig, device: str) -> list[str]:
 # radon C: impl x device x optimizer
 def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
     """`accel.optimizer_impl`: fused, foreach, loop, torch (foreach on CUDA, loop on the CPU) or auto: fused
-    on the CPU, where torch's loop spends most of a small model's optimizer step in Python (AdamW, small MLP:
-    185 us fused vs 624 us a step; wide MLP: 0.7 vs 5.1 ms; docs/performance.md), torch elsewhere."""
+    on the CPU, where torch's loop spends most of a small model's optimizer step in Python (3-7x slower,
+    docs/performance.md), torch elsewhere."""
     impl = str(cfg.get("accel", {}).get("optimizer_impl", "torch"))
     opt = cfg.get("model", {}).get("optimizer")  # eval builds none; a module of your own may make its own
     if impl == "torch" or not opt or "name" not in opt:
@@ -151,10 +147,8 @@ def apply_to_torch(cfg: DictConfig) -> None:
 
 
 def _flush_denormal(flush: bool) -> None:
-    """`accel.flush_denormal`: compute values below 1.2e-38 as zero on the CPU (GPUs are full speed on them).
-    A dead ReLU unit's momentum gets there after ~750 steps, and x86 CPUs compute them many times slower:
-    fused AdamW on a 64-1024-1024-10 MLP went from ~5 to ~10 ms a step after ~800 steps, ~5-6 ms flushed
-    (docs/performance.md). The mode is per thread, copied by torch's pool threads at their start: if they
+    """`accel.flush_denormal`: compute values below 1.2e-38 as zero on the CPU, which computes them many times
+    slower (docs/usage.md). The mode is per thread, copied by torch's pool threads at their start: if they
     started earlier with the other mode (a notebook, a hydra -m sweep), the run keeps theirs, and says so."""
     torch.set_flush_denormal(flush)  # `resolve` turned true off where the CPU cannot flush
     if thread_modes() == ("flushed" if flush else "exact"):
@@ -171,8 +165,8 @@ def _flush_denormal(flush: bool) -> None:
 def resolve_channels_last(cfg: DictConfig, model: torch.nn.Module) -> bool:
     """`accel.channels_last`, `auto` resolved for this model (not written back: the config is read-only once
     the model is built): on for a CUDA run of a net with 2-D convolutions (cuDNN's NHWC kernels use the tensor
-    cores: 1.64x for the bench ResNet on an H200, docs/acceleration.md); off elsewhere (a CPU's NCHW kernels
-    are the tuned ones; an MLP would only pay a layout copy per batch)."""
+    cores, docs/acceleration.md); off elsewhere (a CPU's NCHW kernels are the tuned ones; an MLP would only
+    pay a layout copy per batch)."""
     accel = cfg.get("accel")
     wanted = accel.get("channels_last", False) if accel is not None else False
     if wanted == "auto":

@@ -1,14 +1,6 @@
-"""The honest baseline: the training that a Lightspeed preset does, written as a plain PyTorch loop.
-
-No Lightning's Trainer here: the same module's forward and loss (its `loss(output, target)` method), the
-same data, batch, precision, memory format, compile, optimizer kernels, data path and on-device
-augmentation as the preset it mirrors, and nothing else (no metric updates, no logging). `make bench` runs it
-as the `hand` rows (`hand` mirrors `accel=default`, `hand+off` and `hand+max` the other presets), so
-every bench shows what Lightspeed costs or saves against plain PyTorch on your own model.
-
-Timing as in the speed report: host timestamps per step, the device synchronised only where the timed
-window starts and ends.
-"""
+"""The honest baseline, `make bench`'s `hand` rows: the training that a Lightspeed preset does, written as a
+plain PyTorch loop (no Trainer, no metric updates, no logging), with the module's forward and its
+`loss(output, target)` and the preset's data path and knobs. Timed as the speed report times."""
 
 from __future__ import annotations
 

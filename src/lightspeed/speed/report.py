@@ -30,19 +30,10 @@ OUTSIDE_STEPS_WARN = 0.3
 
 
 class SpeedReport(L.Callback):
-    """Samples/s, step time (median, p95), the share of time spent waiting for data, peak memory,
-    FLOPs per batch and MFU; a table, `speed.json` in the run directory, and `speed/*` in the loggers.
-
-    `warmup_steps` are left out (compilation, cuDNN autotuning, worker start-up); `auto`: until the
-    step time settles (`lightspeed.speed.steady`). `max_timed_steps` ends the run after that many timed steps
-    (`make bench`; once `trainer.min_epochs` allows). A one-line diagnosis follows when waiting for data
-    exceeds `data_wait_warn` of the time, when torch.compile recompiled during the timed steps, or when
-    a GPU run's model is too small to keep the GPU busy.
-
-    At fit start it prints the model's summary (Lightning's table: layers `summary_depth` deep, sizes, and
-    FLOPs where the module has an `example_input_array`; 0: none), the ModelSummary callback's work
-    without a callback of its own.
-    """
+    """Samples/s, step time, data wait, peak memory, FLOPs per batch and MFU, after `warmup_steps` (compile,
+    autotuning, worker start-up; `auto`: until the step time settles): a table, `speed.json`, `speed/*` in the
+    loggers and one-line diagnoses (docs/usage.md). `max_timed_steps` ends the run after that many timed steps
+    (`make bench`). At fit start: the model summary (as ModelSummary), `summary_depth` deep (0: none)."""
 
     def __init__(
         self,
@@ -103,8 +94,7 @@ class SpeedReport(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
         if self.summary_depth:
-            summary = summarize(pl_module, max_depth=self.summary_depth)
-            rank_zero_info(f"\n{summary}")
+            rank_zero_info(f"\n{summarize(pl_module, max_depth=self.summary_depth)}")
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
 
@@ -142,7 +132,7 @@ class SpeedReport(L.Callback):
             if self._prev_end is not None:
                 self.step_times.append(now - self._prev_end)
             self.steps += 1
-            self.samples += _batch_size(batch)
+            self.samples += len(_first(batch))
             if self.max_timed_steps is not None and self.steps >= self.max_timed_steps:
                 trainer.should_stop = True
         self._prev_end = now if self._clock is not None else None
@@ -179,6 +169,7 @@ class SpeedReport(L.Callback):
         world = trainer.world_size
         per_device = self.samples / self.train_seconds if self.train_seconds > 0 else None
         step_s = self.train_seconds / self.steps if self.steps else None
+        batches = trainer.num_training_batches
         report: dict[str, Any] = {
             "device": device_facts.name(dev),
             "devices": world,
@@ -209,7 +200,7 @@ class SpeedReport(L.Callback):
                 if self._fit_seconds is not None
                 else None
             ),
-            "batches_per_epoch": _batches_per_epoch(trainer),
+            "batches_per_epoch": int(batches) if batches != float("inf") else None,
             "validations": self.validations,
         }
         if dev.type == "cuda":
@@ -242,9 +233,7 @@ class SpeedReport(L.Callback):
         run_dir = Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / SPEED_FILE).write_text(json.dumps(r, indent=2) + "\n")
-        metrics = {
-            f"speed/{k}": float(v) for k, v in r.items() if isinstance(v, (int, float)) and v is not None
-        }
+        metrics = {f"speed/{k}": float(v) for k, v in r.items() if isinstance(v, (int, float))}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
             logger.save()
@@ -256,7 +245,7 @@ class SpeedReport(L.Callback):
 def measure_flops(pl_module: L.LightningModule, batch: Any) -> float | None:
     """FLOPs of a training step's forward and backward on the batch's first element, on a `meta`-device copy
     built from the hyperparameters (no memory, time or effect on the run); None where that fails."""
-    inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+    inputs = _first(batch)
     if not isinstance(inputs, torch.Tensor):
         return None
     counter = FlopCounterMode(display=False)
@@ -264,8 +253,7 @@ def measure_flops(pl_module: L.LightningModule, batch: Any) -> float | None:
         with torch.device("meta"):
             copy = type(pl_module)(**pl_module.hparams)
         with counter:
-            out = copy(torch.empty(inputs.shape, dtype=inputs.dtype, device="meta"))
-            out = out[0] if isinstance(out, (tuple, list)) else out
+            out = _first(copy(torch.empty(inputs.shape, dtype=inputs.dtype, device="meta")))
             if out.requires_grad:
                 out.float().sum().backward()
     except Exception:  # a module that cannot be rebuilt from its hyperparameters, or not on meta
@@ -273,9 +261,9 @@ def measure_flops(pl_module: L.LightningModule, batch: Any) -> float | None:
     return float(counter.get_total_flops())
 
 
-def _batch_size(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return len(first)
+def _first(batch: Any) -> Any:
+    """The inputs of an (inputs, targets, ...) batch, or the batch itself."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -291,11 +279,6 @@ def _outside(r: dict[str, Any]) -> str:
         f"validation {val:.2f} s ({val / fit:.0%}), checkpoints and epoch ends {end:.2f} s ({end / fit:.0%}) "
         f"of the {fit:.2f} s after warm-up"
     )
-
-
-def _batches_per_epoch(trainer: L.Trainer) -> int | None:
-    batches = trainer.num_training_batches
-    return int(batches) if batches != float("inf") else None
 
 
 def _table(r: dict[str, Any]) -> Table:
@@ -394,12 +377,11 @@ def _recompile_note(r: dict[str, Any]) -> str | None:
 
 
 def _small_model_note(r: dict[str, Any], device_type: str) -> str | None:
-    if device_type != "cuda" or r["step_ms_mean"] is None:
+    step, mfu = r["step_ms_mean"], r["mfu"]
+    if device_type != "cuda" or step is None or not (step < 5 or (mfu is not None and mfu < 0.02)):
         return None
-    if not (r["step_ms_mean"] < 5 or (r["mfu"] is not None and r["mfu"] < 0.02)):
-        return None
-    mfu = f", {r['mfu']:.1%} of its peak" if r["mfu"] is not None else ""
+    share = f", {mfu:.1%} of its peak" if mfu is not None else ""
     return (
-        f"the model is too small to keep the GPU busy ({r['step_ms_mean']:.1f} ms a step{mfu}): "
+        f"the model is too small to keep the GPU busy ({step:.1f} ms a step{share}): "
         "use larger batches, accel=max (torch.compile), or compare with trainer=cpu"
     )
