@@ -40,14 +40,8 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 
 def table(runs: dict[str, dict[str, Any]]) -> Table:
     """One row a run: its monitored metric at the best checkpoint, its test metrics, steps and seconds."""
-    metrics = sorted(
-        {
-            k
-            for s in runs.values()
-            for k in s.get("metrics", {})
-            if k.startswith("test/") or k.endswith("@best")
-        }
-    )
+    names = {k for s in runs.values() for k in s.get("metrics", {})}
+    metrics = sorted(k for k in names if k.startswith("test/") or k.endswith("@best"))
     out = Table(title="Lightspeed: runs compared", title_justify="left")
     for column in ("run", "monitor", *metrics, "steps", "fit s"):
         out.add_column(column, justify="left" if column in ("run", "monitor") else "right")
@@ -73,21 +67,14 @@ def chart(
 
     fig, (metric_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
     for i, (name, points) in enumerate(curves.items()):
-        colour = f"C{i % 10}"
-        monitor = monitors.get(name)
-        if monitor in points:
-            metric_ax.plot(
-                *zip(*points[monitor], strict=True),
-                color=colour,
-                marker="o",
-                markersize=3,
-                label=f"{name}: {monitor}",
-            )
-        for key, style in (("train/loss", "-"), ("val/loss", "--")):
+        lines = [
+            (metric_ax, monitors.get(name), {"marker": "o", "markersize": 3}),
+            (loss_ax, "train/loss", {"linestyle": "-"}),
+            (loss_ax, "val/loss", {"linestyle": "--"}),
+        ]
+        for ax, key, style in lines:
             if key in points:
-                loss_ax.plot(
-                    *zip(*points[key], strict=True), color=colour, linestyle=style, label=f"{name}: {key}"
-                )
+                ax.plot(*zip(*points[key], strict=True), color=f"C{i % 10}", label=f"{name}: {key}", **style)
     for ax, title in ((metric_ax, "monitored metric"), (loss_ax, "loss")):
         figures.step_axis(ax, title, legend_size=7)
     fig.tight_layout()
@@ -107,9 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     folders = {Path(r).name: find(r, args.log_dir) for r in args.runs}
     summaries = {name: _summary(folder) for name, folder in folders.items()}
     monitors = {name: str(s.get("monitor") or "").split(" ")[0] or None for name, s in summaries.items()}
-    drawn = chart(
-        {n: load(f) for n, f in folders.items()}, monitors, args.out or args.log_dir / "compare.png"
-    )
+    curves = {n: load(f) for n, f in folders.items()}
+    drawn = chart(curves, monitors, args.out or args.log_dir / "compare.png")
     Console().print(table(summaries))
     if drawn is not None:
         print(f"compare: {drawn}")

@@ -15,21 +15,15 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.core import summary
-from lightspeed.core.config import (
-    ConfigError,
-    check_data_targets,
-    exit_on_config_error,
-    validate_common,
-)
+from lightspeed.core.config import ConfigError, check_data_targets, exit_on_config_error, validate_common
 from lightspeed.core.failures import exit_on_failure
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.core.schema import SCHEMA
 from lightspeed.data.base import ArrayDataModule
-from lightspeed.report import confusion_matrix, viz
+from lightspeed.report import confusion_matrix, figures, viz
 from lightspeed.resilience import identity
 from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, FROM_DATA_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build, tracking
-from lightspeed.run.build import plain
 from lightspeed.run.entry import hydra_entry
 from lightspeed.run.restore import load_module
 from lightspeed.speed import accel
@@ -108,16 +102,10 @@ def _pictures(found: viz.Intermediates, run_dir: Path, class_names: list[str] | 
     """viz=true: feature_maps.png and predictions.png, whichever the model has something for; one line
     when it has neither (no convolution layers, no predict_step giving target, pred and prob)."""
     with exit_on_config_error():
-        try:
-            import matplotlib
-        except ImportError:
-            raise ConfigError("viz=true needs matplotlib: make install EXTRAS=dev") from None
-        matplotlib.use("Agg")
-        drawn = [
-            viz.feature_maps(found, run_dir / viz.FEATURE_MAPS_FILE),
-            viz.gallery(found, run_dir / viz.GALLERY_FILE, class_names),
-        ]
-        maps, gallery = drawn
+        if figures.pyplot(run_dir, lambda line: None) is None:
+            raise ConfigError("viz=true needs matplotlib: make install EXTRAS=dev")
+        maps = viz.feature_maps(found, run_dir / viz.FEATURE_MAPS_FILE)
+        gallery = viz.gallery(found, run_dir / viz.GALLERY_FILE, class_names)
         if maps is None and gallery is None:
             raise ConfigError(
                 f"viz=true: nothing to show for {name}: it has no convolution layers (feature maps) and its "
@@ -126,7 +114,7 @@ def _pictures(found: viz.Intermediates, run_dir: Path, class_names: list[str] | 
         if maps is None or gallery is None:  # one of the two: say why the other is missing
             why = f"{name} has no convolution layers" if maps is None else f"{name}'s {_NO_GALLERY}"
             rank_zero_info(f"viz=true: only {(maps or gallery).name}: {why}")
-    return ", ".join(str(p) for p in drawn if p is not None)
+    return ", ".join(str(p) for p in (maps, gallery) if p is not None)
 
 
 #: Data keys that say where and how a data set is read, not what it is (outside a run's identity, in the one
@@ -202,11 +190,8 @@ _PLAIN_INTERPOLATION = re.compile(r"\$\{paths\.[A-Za-z_]\w*\}")
 def _check_plain(node: Any, where: str) -> None:
     """Data holds plain values: an interpolation other than `${paths.<key>}` (a resolver such as
     `${oc.create:...}` builds and can call objects; chained ones grow without bound) is refused."""
-    if isinstance(node, dict):
-        for value in node.values():
-            _check_plain(value, where)
-    elif isinstance(node, list):
-        for value in node:
+    if isinstance(node, (dict, list)):
+        for value in node.values() if isinstance(node, dict) else node:
             _check_plain(value, where)
     elif isinstance(node, str) and "${" in _PLAIN_INTERPOLATION.sub("", node):
         raise ConfigError(
@@ -260,11 +245,8 @@ def _check_fits(model: L.LightningModule, from_data: list[str] | None, dm: L.Lig
             f"checkpoint's model ({type(model).__name__}) was built from: pass the data it was trained on "
             "(data=...)"
         )
-    differs = [
-        (k, model.hparams[k], plain(given[k]))
-        for k in names
-        if _structural(model.hparams[k]) and plain(given[k]) != model.hparams[k]
-    ]
+    pairs = [(k, model.hparams[k], build.plain(given[k])) for k in names if _structural(model.hparams[k])]
+    differs = [(k, trained, here) for k, trained, here in pairs if trained != here]
     if differs:
         said = "; ".join(f"{k} {trained} in training, {here} here" for k, trained, here in differs)
         raise ConfigError(
@@ -284,9 +266,7 @@ def _check_classes(trained: list[str] | None, dm: L.LightningDataModule) -> list
     (label i must mean the class it meant in training)."""
     names = getattr(dm, "class_names", None)
     if trained is not None and names is not None and list(names) != list(trained):
-        first = next(
-            (i for i, pair in enumerate(zip(trained, names, strict=False)) if pair[0] != pair[1]), None
-        )
+        first = next((i for i, (a, b) in enumerate(zip(trained, names, strict=False)) if a != b), None)
         differs = (
             f"label {first} is {trained[first]!r} in training, {names[first]!r} here"
             if first is not None
@@ -315,16 +295,14 @@ def _write_predictions(batches: list[Any], path: Path, class_names: list[str] | 
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["index", *columns])
-        for i in range(rows):
-            writer.writerow([i, *(_cell(k, v[i], class_names) for k, v in columns.items())])
+        writer.writerows([i, *(_cell(k, v[i], class_names) for k, v in columns.items())] for i in range(rows))
     return path
 
 
 def _cell(key: str, values: torch.Tensor, class_names: list[str] | None) -> str:
     if key.endswith("_class") and class_names is not None:
         return class_names[int(values[0])]
-    shown = [f"{v:.6g}" if isinstance(v, float) else str(v) for v in values.tolist()]
-    return " ".join(shown)
+    return " ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values.tolist())
 
 
 #: Console entry point: `lightspeed-eval` and `python -m lightspeed.eval`.

@@ -72,8 +72,7 @@ def export(
     if unknown or not formats:
         raise ConfigError(f"formats={formats} is invalid: use a list of {', '.join(FORMATS)}")
     model = model.cpu().eval()
-    inputs = example_inputs(model, 2)
-    fresh = example_inputs(model, batch)
+    inputs, fresh = example_inputs(model, 2), example_inputs(model, batch)
     with torch.inference_mode():
         want = model(*fresh)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,10 +145,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         run_dir = Path(cfg.paths.output_dir)
         facts = export(model, run_dir, list(cfg.formats), int(cfg.check_batch), float(cfg.tolerance))
     rows = {"checkpoint": ckpt, "run_dir": run_dir}
-    for name, found in facts.items():
-        rows[name] = (
-            f"{found['file']} (outputs within {found['max_difference']:.2g} of the checkpoint's model)"
-        )
+    for name, f in facts.items():
+        rows[name] = f"{f['file']} (outputs within {f['max_difference']:.2g} of the checkpoint's model)"
     summary.report("Lightspeed: export", run_dir, rows, {})
     return facts
 

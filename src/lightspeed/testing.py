@@ -1,12 +1,5 @@
-"""Checks for your own code, usable in any test suite (a project's tests/test_project.py calls them).
-
-`options(group)` lists a config group's options (the project's conf/ and the engine's); `trains_one_batch`
-trains one data set, model or experiment with a partner of the other group that fits it, one batch
-(debug=fdr), and checks one optimizer step, a finite monitored metric, its test twin, finite weights.
-
-`assert_device_agnostic(net, input_shape)` runs a forward pass on PyTorch's `meta` device: a tensor that
-`forward` makes on a fixed device (`torch.ones(n)`, `device="cuda"`), or kept as a plain attribute instead of
-a buffer, fails there, as it would on a GPU or when DDP or `map_location` moves the net."""
+"""Checks for your own code, usable in any test suite (a project's tests/test_project.py calls them): each
+config option trains for a batch (`trains_one_batch`); a net runs on any device (`assert_device_agnostic`)."""
 
 from __future__ import annotations
 
@@ -38,6 +31,9 @@ class DeviceLeak(AssertionError):
 
 
 def assert_device_agnostic(net: nn.Module, input_shape: Sequence[int], batch: int = 2) -> None:
+    """A forward pass on the `meta` device: a tensor `forward` makes on a fixed device (`torch.ones(n)`,
+    `device="cuda"`), or keeps as a plain attribute, not a buffer, fails there, as it would on a GPU or when
+    DDP or `map_location` moves the net."""
     meta_net = copy.deepcopy(net).to("meta")
     x = torch.empty(batch, *input_shape, device="meta")
     try:
@@ -59,9 +55,7 @@ def options(group: str) -> list[str]:
 
 def defaults_first(group: str) -> list[str]:
     """The group's options, the one `conf/train.yaml` picks first."""
-    default = OmegaConf.to_container(
-        OmegaConf.load(CONF_DIR / "train.yaml").defaults
-    )  # plain: dicts are dicts
+    default = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "train.yaml").defaults)  # dicts are dicts
     chosen = [d[group] for d in default if isinstance(d, dict) and group in d]
     return sorted(options(group), key=lambda o: o not in chosen)
 
@@ -113,7 +107,8 @@ def trains_one_batch(
     pair: Sequence[str] | None = None,
 ):
     """Train `choice` (`data=<name>`, `model=<name>` or `experiment=<name>`) with its partner (`pair`, else
-    found) for one batch under `log_dir`, check the run, and return it (lightspeed.train.TrainResult)."""
+    found) for one batch (debug=fdr) under `log_dir`; check one optimizer step, a finite monitored metric, its
+    test twin and finite weights; return the run (lightspeed.train.TrainResult)."""
     from lightspeed.run.entry import compose_config
     from lightspeed.train import train
 

@@ -1,8 +1,5 @@
-"""`python -m lightspeed.train [overrides]`: fit, test the best checkpoint, summarise.
-
-Returns the score of the run's one monitored metric (`monitor`: the best checkpoint's), so that Hydra
-sweepers can optimise it.
-"""
+"""`python -m lightspeed.train [overrides]`: fit, test the best checkpoint, summarise. Returns the score of
+the run's one monitored metric (the best checkpoint's), so that Hydra sweepers can optimise it."""
 
 from __future__ import annotations
 
@@ -109,17 +106,8 @@ class Plan:
 
 
 class Run:
-    """One training run of `cfg`, in the steps a train entry shows (a project's `train.py` is these lines):
-
-        with Run(cfg) as run:                 # checks, the plan (identity, lock, autos, resume), seed
-            dm = run.datamodule()             # conf/data
-            model = run.model(dm)             # conf/model, with what the data gives (its model_args())
-            trainer = run.trainer(callbacks)  # conf/trainer, callbacks and logger, the engine's guards
-            run.fit(trainer, model, dm)       # resumes the plan's checkpoint; the exit codes
-            result = run.finish(trainer, model, dm)  # tests the best checkpoint, writes the summary
-
-    Each step says a bad setting in one line (ConfigError); the lock is held until the block ends.
-    """
+    """One training run of `cfg`, in the steps `train` below (and a project's `train.py`, docs/engine.md)
+    takes; each step says a bad setting in one line (ConfigError); the lock is held until the block ends."""
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
@@ -230,7 +218,10 @@ class Run:
             facts["tested"] = "best checkpoint" if best else "weights in memory"
         curves = next((lg for lg in trainer.loggers if isinstance(lg, CurvesLogger)), None)
         facts["curves"] = curves.picture() if curves is not None else None
-        score = _optimized_score(cfg, trainer, metrics)
+        name = plan.monitor[0] if plan.monitor else None
+        score = metrics.get(name) if name else None
+        if name and getattr(ckpt, "monitor", None) == name and ckpt.best_model_score is not None:
+            score = float(ckpt.best_model_score)
         summary.report("Lightspeed: training finished", run_dir, facts, metrics)
         return TrainResult(trainer, model, score, metrics, best)
 
@@ -263,23 +254,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainR
         return run.finish(trainer, model, dm)
 
 
-TrainFn = Callable[[DictConfig, Sequence[L.Callback]], TrainResult]
-
-
-def _optimized_score(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> float | None:
-    name = cfg.monitor.metric if "monitor" in cfg else None
-    ckpt = trainer.checkpoint_callback
-    if (
-        name
-        and ckpt is not None
-        and getattr(ckpt, "monitor", None) == name
-        and ckpt.best_model_score is not None
-    ):
-        return float(ckpt.best_model_score)
-    return metrics.get(name) if name else None
-
-
-def train_or_search(cfg: DictConfig, run: TrainFn = train) -> float | None:
+def train_or_search(
+    cfg: DictConfig, run: Callable[[DictConfig, Sequence[L.Callback]], TrainResult] = train
+) -> float | None:
     """`run(cfg, callbacks)` once, or with `hparams_search`, an Optuna search of such runs; the score Hydra's
     sweepers read. A project's train.py passes its own `train`."""
     if not cfg.get("hparams_search"):

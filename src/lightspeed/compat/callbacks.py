@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,9 @@ from lightspeed.compat.trainer import is_last_batch
 
 
 class _StateKeyOnce:
-    @property
+    @cached_property
     def state_key(self) -> str:
-        key = self.__dict__.get("_state_key_once")
-        if key is None:
-            key = self.__dict__["_state_key_once"] = super().state_key  # type: ignore[misc]
-        return key
+        return super().state_key  # type: ignore[misc]
 
 
 class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):

@@ -32,11 +32,8 @@ EVALUATION = (
 def skip_empty(obj: Any, base: type, names: tuple[str, ...] = TRAINING + EVALUATION) -> list[str]:
     """Set the hooks in `names` that `obj` inherits unchanged from `base` to None; returns their names. One
     that a class up to `base` overrides, or one already set on the instance, is left alone."""
-    skipped = []
-    for name in names:
-        if name not in vars(obj) and getattr(type(obj), name, None) is getattr(base, name):
-            setattr(obj, name, None)
-            skipped.append(name)
+    skipped = [n for n in names if n not in vars(obj) and getattr(type(obj), n, None) is getattr(base, n)]
+    switch_off(obj, tuple(skipped))
     return skipped
 
 

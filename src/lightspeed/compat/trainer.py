@@ -7,18 +7,8 @@ import threading
 from subprocess import Popen
 
 import lightning as L
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler  # noqa: F401 (re-exported)
 from torchmetrics import Metric
-
-__all__ = [
-    "UnrepeatedDistributedSampler",
-    "batches_done_in_epoch",
-    "disarm_child_observer",
-    "is_last_batch",
-    "kill_launched_ranks",
-    "launched_ranks",
-    "mark_updated",
-]
 
 
 def is_last_batch(trainer: L.Trainer) -> bool:
@@ -46,13 +36,11 @@ def kill_launched_ranks(trainer: L.Trainer) -> None:
 
 
 def disarm_child_observer() -> None:
-    """Leave Lightning's `_ChildProcessObserver` nothing to watch: its next look finds no rank and ends."""
+    """Leave Lightning's `_ChildProcessObserver` (fabric's launchers/subprocess_script) nothing to watch: its
+    next look finds no rank and ends."""
     for thread in threading.enumerate():
-        if thread.name == _OBSERVER and hasattr(thread, "_child_processes"):
+        if thread.name == "child-process-observer" and hasattr(thread, "_child_processes"):
             thread._child_processes = []
-
-
-_OBSERVER = "child-process-observer"  # lightning.fabric.strategies.launchers.subprocess_script
 
 
 def mark_updated(metric: Metric) -> None:

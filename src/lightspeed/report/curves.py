@@ -23,16 +23,14 @@ def load(run_dir: Path) -> dict[str, list[list[float]]]:
     """{metric: [[step, value], ...]} as a run folder keeps it; {} for none or a torn file (data: read with
     care, only numbers pass)."""
     found = read_json(run_dir / CURVES_FILE)
-    if not isinstance(found, dict):
-        return {}
+
+    def pair(p: Any) -> bool:
+        return isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) for x in p)
+
     return {
         str(k): [[float(s), float(v)] for s, v in points]
-        for k, points in found.items()
-        if isinstance(points, list)
-        and all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) for x in p)
-            for p in points
-        )
+        for k, points in (found.items() if isinstance(found, dict) else ())
+        if isinstance(points, list) and all(map(pair, points))
     }
 
 

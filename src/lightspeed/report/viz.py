@@ -6,6 +6,7 @@ wrong (for a module whose predict_step gives `target`, `pred` and `prob`: a clas
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +35,14 @@ class Intermediates(L.Callback):
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         convs = [(n, m) for n, m in pl_module.named_modules() if isinstance(m, CONVS)][: self.layers]
-        for name, conv in convs:
-            self._hooks.append(conv.register_forward_hook(self._keep(name)))
+        self._hooks += [conv.register_forward_hook(partial(self._keep, name)) for name, conv in convs]
 
-    def _keep(self, name: str) -> Any:
-        def hook(module: torch.nn.Module, args: Any, output: Tensor) -> None:
-            if name not in self.maps:  # the first batch only
-                self.maps[name] = output[: self.inputs].detach()
-
-        return hook
+    def _keep(self, name: str, module: torch.nn.Module, args: Any, output: Tensor) -> None:
+        if name not in self.maps:  # the first batch only
+            self.maps[name] = output[: self.inputs].detach()
 
     def on_predict_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        *args: Any,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any
     ) -> None:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         if self.first_inputs is None:
@@ -136,12 +127,8 @@ def gallery(found: Intermediates, path: Path, class_names: list[str] | None = No
         ax.axis("off")
     for ax, (_, x, target, pred, prob) in zip(axes.flatten(), found.worst, strict=False):
         _show(ax, x)
-        wrong = pred != target
-        ax.set_title(
-            f"true {label(target)}, pred {label(pred)}\n{prob:.0%}",
-            fontsize=7,
-            color="red" if wrong else "black",
-        )
+        title = f"true {label(target)}, pred {label(pred)}\n{prob:.0%}"
+        ax.set_title(title, fontsize=7, color="red" if pred != target else "black")
     fig.suptitle("test predictions, worst mistakes first", fontsize=9)
     fig.tight_layout()
     return figures.save(fig, path)

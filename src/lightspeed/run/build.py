@@ -63,7 +63,7 @@ def instantiate(
             raise cause from None
         binding = isinstance(cause, TypeError) and _BINDING.search(str(cause))
         if isinstance(cause, (MisconfigurationException, ImportError)) or binding:
-            first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
             said = explain(first) if binding and explain is not None else None
             raise ConfigError(
                 said or f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)"
@@ -212,12 +212,10 @@ _SHAPE_ERROR = re.compile(r"shape|size|dim|[Ee]xpected .*input", re.IGNORECASE)
 
 # radon C: skip/refuse per probe error
 def check_inputs_fit(cfg: DictConfig, given: dict[str, Any]) -> None:
-    """One forward pass of a copy of the model on PyTorch's meta device (shapes, no data, no memory), on
-    the example input it declares (`example_input_array`, built from what the data gives): a net that
-    cannot take the data's inputs (a 1D data set with the 2D default CNN) is one line naming both, not a
-    traceback from the first training step. A registered net that cannot even be built for the data's
-    `input_shape` (a 1D net given 2D images) is named by the input shapes it declares
-    (`example_input_shapes`). A model that declares no example input is not checked here."""
+    """A forward pass on the meta device (shapes only) of the model's `example_input_array`: a net that cannot
+    take the data's inputs (1D data, the 2D default CNN) is one line naming both, not a traceback from the
+    first step; a registered net not even buildable for `input_shape` is named by its `example_input_shapes`.
+    A model without an example input is not checked."""
     shape = given.get("input_shape")
     try:
         with torch.device("meta"):
@@ -236,13 +234,10 @@ def check_inputs_fit(cfg: DictConfig, given: dict[str, Any]) -> None:
     try:
         with torch.no_grad():
             probe.eval()(example.to("meta"))
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if not _SHAPE_ERROR.search(first):
-            return  # not about shapes (an op the meta device lacks): training will tell
-        _refuse(shape if shape is not None else list(example.shape[1:]), first)
-    except Exception:
-        pass
+    except Exception as err:  # one not about shapes (an op the meta device lacks): training will tell
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if isinstance(err, RuntimeError) and _SHAPE_ERROR.search(first):
+            _refuse(shape if shape is not None else list(example.shape[1:]), first)
 
 
 def _refuse(shape: list[int], why: str) -> None:
@@ -339,11 +334,10 @@ def trainer(
     configured = callbacks(cfg, bool(loggers_), ident, from_data)
     for callback in configured:  # ours to change; the caller's extra callbacks are left as given
         hooks.skip_empty(callback, Callback)
-    callbacks_ = [*configured, *extra_callbacks]
     return instantiate(
         cfg.trainer,
         "trainer",
-        callbacks=callbacks_,
+        callbacks=[*configured, *extra_callbacks],
         logger=loggers_ or False,
         # checkpoints are written whole or not at all; the user's own plugins stay
         plugins=[*(cfg.trainer.get("plugins") or []), AtomicCheckpointIO()],

@@ -27,7 +27,6 @@ HIGHER_IS_BETTER = (
     "exact match psnr ssim kappa mcc corr pearson spearman reward tpr specificity sensitivity top1 top5"
 )
 
-
 #: Words that turn a name's sense around or make it a change (val/neg_mse, val/loss_improvement): the
 #: name then says nothing sure.
 REVERSING = "neg negative inverse inv improvement gain reduction decrease increase delta diff change drop"

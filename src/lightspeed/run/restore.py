@@ -34,9 +34,7 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
         if not isinstance(best, str) or not best:
             continue
         path = Path(best)
-        if not path.exists() and isinstance(
-            record.get("run_dir"), str
-        ):  # the run's folder was moved: the file in it
+        if not path.exists() and isinstance(record.get("run_dir"), str):  # the run's folder was moved
             with contextlib.suppress(ValueError):
                 path = found.parent / path.relative_to(record["run_dir"])
         if path.is_file() or sharded.is_sharded(path):
@@ -77,19 +75,11 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
     return ckpt, stored, model
 
 
-def _run_model_config(stored: dict[str, Any]) -> dict[str, Any]:
-    """The model node of the config that trained the checkpoint (empty for one saved elsewhere)."""
-    ident = stored.get("identity")
-    config = ident.get("config") if isinstance(ident, dict) else None
-    found = config.get("model") if isinstance(config, dict) else None
-    return found if isinstance(found, dict) else {}
-
-
 def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L.LightningModule]:
     """The LightningModule class that trained the checkpoint: `module` when given (the command line, code the
     user runs), else the one its run's config names (`model._target_`: data, so only a class conf/ names),
     after every `_target_` in its hyperparameters (its net's) passed the same check."""
-    name = cfg.get("module") or _run_model_config(stored).get("_target_")
+    name = cfg.get("module") or _run_target(stored)
     where = "module" if cfg.get("module") else f"{ckpt.name}: model"
     if not name:
         raise ConfigError(
@@ -111,4 +101,12 @@ def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L
         raise ConfigError(f"{where}: {name} cannot be imported ({err}): pass module=<its class>") from None
     if not (isinstance(found, type) and issubclass(found, L.LightningModule)):
         raise ConfigError(f"{where}: {name} is not a LightningModule class: pass module=<its class>")
+    return found
+
+
+def _run_target(stored: dict[str, Any]) -> Any:
+    """The `model._target_` of the config that trained the checkpoint (None for one saved elsewhere)."""
+    found: Any = stored
+    for key in ("identity", "config", "model", "_target_"):
+        found = found.get(key) if isinstance(found, dict) else None
     return found
