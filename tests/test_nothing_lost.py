@@ -282,7 +282,9 @@ def test_two_writer_processes_of_one_checkpoint_path_never_tear_it(tmp_path: Pat
     import multiprocessing
 
     target = tmp_path / "last.ckpt"
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context(
+        "spawn"
+    )  # fork after torch has started its threads can deadlock the child
     barrier = ctx.Barrier(2)
     procs = [
         ctx.Process(target=_write_repeatedly, args=(str(target), s, n, barrier))

@@ -1,12 +1,12 @@
 """Checkpoints that are never half-written, never run code when loaded, and say when their bytes changed.
 
-Each checkpoint holds a checksum of its tensors (`checkpoint["checksum"]`): torch does not check its
-archive's CRCs, so a flipped bit in a weight would otherwise load and train on. It is kept inside the
-file, not beside it, so that no crash between two writes can make a good checkpoint look corrupt.
+Each holds a checksum of its tensors (torch does not check its archive's CRCs): inside the file, not beside
+it, so that no crash between two writes can make a good checkpoint look corrupt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
@@ -25,6 +25,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lightspeed.core.config import ConfigError
 from lightspeed.core.failures import TrainingFailure
+from lightspeed.resilience.identity import describe
 from lightspeed.resilience.rank_seed import KEY as RANK_RNG_KEY
 
 
@@ -42,12 +43,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         checkpoint[CHECKSUM_KEY] = checksum(checkpoint)
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+        tmp = temporary(target)
         try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
+            save_synced(checkpoint, tmp)
             os.replace(tmp, target)
         except (OSError, RuntimeError) as err:
             if not _out_of_space(err):
@@ -61,13 +59,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return migrate(super().load_checkpoint(*args, **kwargs))
 
 
-def migrate(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """An earlier Lightspeed's checkpoint in today's layout, so that a run resumes across an upgrade.
+def temporary(target: Path) -> Path:
+    """A temporary file beside `target`, of its own: two writers of one path never share one."""
+    return target.with_name(f"{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
 
-    Before 0.2 each rank's random states were a callback's own state (`callbacks["RankSeed"]`); Lightning
-    warns about a callback state that no callback of the run claims, and none does since the engine's
-    parts are one callback (`lightspeed.resilience.guard`).
-    """
+
+def save_synced(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def migrate(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """An earlier Lightspeed's checkpoint in today's layout, so that a run resumes across an upgrade. Before
+    0.2 each rank's random states were `callbacks["RankSeed"]`, which no callback claims since the engine's
+    parts are one (`lightspeed.resilience.guard`), and Lightning warns about."""
     callbacks = checkpoint.get("callbacks")
     if isinstance(callbacks, dict) and "RankSeed" in callbacks:
         checkpoint.setdefault(RANK_RNG_KEY, callbacks.pop("RankSeed"))
@@ -136,9 +143,12 @@ def problem(path: Path) -> str | None:
 
 
 def nonfinite_weights(ckpt: dict[str, Any]) -> str | None:
-    """Why a loaded checkpoint's weights must not be used (NaN or inf), or None."""
-    weights = [t for t in (ckpt.get("state_dict") or {}).values() if isinstance(t, torch.Tensor)]
-    if not all(bool(torch.isfinite(t).all()) for t in weights if t.is_floating_point()):
+    """Why a checkpoint's weights must not be used (NaN or inf), or None; one host sync per device."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in (ckpt.get("state_dict") or {}).values():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            by_device.setdefault(tensor.device, []).append(torch.isfinite(tensor).all())
+    if not all(bool(torch.stack(flags).all()) for flags in by_device.values()):
         return "its weights are not finite (NaN or inf)"
     return None
 
@@ -179,11 +189,7 @@ def _tensors(node: Any, name: str = "") -> Iterator[tuple[str, torch.Tensor]]:
 def _refuse_non_finite(checkpoint: dict[str, Any], path: Any) -> None:
     """The last line of defence (callbacks.nonfinite stops runs earlier): never write NaN or inf weights
     over a good checkpoint, whatever saved them."""
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for tensor in (checkpoint.get("state_dict") or {}).values():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
-            by_device.setdefault(tensor.device, []).append(torch.isfinite(tensor).all())
-    if not all(bool(torch.stack(flags).all()) for flags in by_device.values()):
+    if nonfinite_weights(checkpoint):
         raise TrainingFailure(
             f"the weights to be saved in {path} are not finite (step {checkpoint.get('global_step')}): "
             "not written, the previous checkpoint is intact; try a lower model.optimizer.lr or "
@@ -193,16 +199,12 @@ def _refuse_non_finite(checkpoint: dict[str, Any], path: Any) -> None:
 
 def _fsync_dir(folder: Path) -> None:
     """Make the rename itself durable (POSIX); a no-op where folders cannot be opened."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @contextmanager
@@ -292,10 +294,8 @@ def _mismatches(message: str, most: int = 3) -> str:
         elif line.startswith(("Missing key(s)", "Unexpected key(s)")):
             kind = "missing" if line.startswith("Missing") else "unexpected"
             found += [f"{name} {kind}" for name in re.findall(r'"([^"]+)"', line)]
-    more = f" and {len(found) - most} more" if len(found) > most else ""
-    return "; ".join(found[:most]) + more if found else message.splitlines()[0]
+    return describe(found, most) if found else message.splitlines()[0]
 
 
 def _shape(text: str) -> str:
-    numbers = re.findall(r"\d+", text)
-    return "[" + ", ".join(numbers) + "]"
+    return "[" + ", ".join(re.findall(r"\d+", text)) + "]"

@@ -11,7 +11,7 @@ from torchmetrics import Metric
 
 from lightspeed.compat.trainer import batches_done_in_epoch, mark_updated
 from lightspeed.core.config import ConfigError
-from lightspeed.resilience import rank_state
+from lightspeed.resilience.rank_seed import gather
 
 # the attribute that holds a schedule's length, for the schedules whose length is fixed when made
 _LENGTH = ("total_steps", "T_max")
@@ -34,14 +34,12 @@ class ExactResume(L.Callback):
         if self._pending is not None:  # saved right after a restore, before on_train_start applied it
             checkpoint["metric_state"] = self._pending
         else:
+            cpu = torch.device("cpu")
             mine = {
-                name: {
-                    "updates": m.update_count,
-                    "state": _moved(m.metric_state, torch.device("cpu")),
-                }
-                for name, m in _metrics(pl_module)
+                n: {"updates": m.update_count, "state": _moved(m.metric_state, cpu)}
+                for n, m in _metrics(pl_module)
             }
-            checkpoint["metric_state"] = {"epoch": trainer.current_epoch, "ranks": rank_state.gather(mine)}
+            checkpoint["metric_state"] = {"epoch": trainer.current_epoch, "ranks": gather(mine)}
         logged = trainer.callback_metrics.items()
         self._latest.update({k: float(v) for k, v in logged if k.startswith(("train/", "val/"))})
         checkpoint["metrics"] = dict(self._latest)
@@ -70,14 +68,15 @@ class ExactResume(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Lightning skips on_train_epoch_start when it resumes mid-epoch: restore here."""
         done, total = batches_done_in_epoch(trainer), trainer.num_training_batches
-        if 0 < done < total and not hasattr(trainer.train_dataloader, "state_dict"):
+        mid_epoch = 0 < done < total
+        if mid_epoch and not hasattr(trainer.train_dataloader, "state_dict"):
             rank_zero_info(
                 f"resumed at batch {done} of {total} in epoch {trainer.current_epoch}, but the training "
                 "loader has no state_dict: the rest of the epoch replays its first batches (a loader with "
                 "state_dict/load_state_dict, e.g. torchdata's StatefulDataLoader, resumes exactly)"
             )
         now = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
-        if 0 < done < total and None not in (self._batch_size, now) and self._batch_size != now:
+        if mid_epoch and None not in (self._batch_size, now) and self._batch_size != now:
             rank_zero_warn(
                 f"resumed at batch {done} of epoch {trainer.current_epoch} with data.batch_size={now}, but "
                 f"the checkpoint counted batches of {self._batch_size}: the rest of this epoch is not the "
@@ -85,7 +84,7 @@ class ExactResume(L.Callback):
             )
         self._batch_size = None
         restored, self._pending = self._pending, None
-        if self._legacy and 0 < done < total:
+        if self._legacy and mid_epoch:
             rank_zero_info("the epoch's metrics restart: the checkpoint is from an earlier Lightspeed")
         self._legacy = False
         if restored is None or restored.get("epoch") != trainer.current_epoch:

@@ -12,17 +12,10 @@ HOOKS = tuple(name for name in vars(L.Callback) if name.startswith("on_") or nam
 
 
 class RunGuard(L.Callback):
-    """What every training run gets whatever `callbacks=` says: the monitor check, the non-finite guard,
-    preemption, per-rank seeds, exact resume and the run's identity in each checkpoint.
-
-    Each part is a callback in a module of its own, with one job, and works alone. Registered as one, they
-    run in the order given (the monitor is checked before EarlyStopping reads it; a non-finite loss stops
-    the run before preemption would save its weights); and Lightning dispatches each hook once rather than
-    once a part (a per-batch hook none of them implements is taken off its path, as for every callback of
-    the engine: `lightspeed.compat.hooks.skip_empty`). A part keeps what it saves in the checkpoint itself
-    (`on_save_checkpoint`), not as callback state: a part's `state_dict` would be saved under this
-    callback's name, so none may have one.
-    """
+    """What every training run gets whatever `callbacks=` says (docs/engine.md): its parts, each a callback
+    that works alone, run in the order given (the monitor is checked before EarlyStopping reads it; a
+    non-finite loss stops the run before preemption would save its weights), each hook dispatched once. A
+    part saves into the checkpoint itself: a `state_dict` would be saved under this callback's name."""
 
     def __init__(self, *parts: L.Callback) -> None:
         self.parts = parts

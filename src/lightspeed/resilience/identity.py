@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR, __version__
-from lightspeed.core.config import flatten
+from lightspeed.core.config import ConfigError, flatten
 from lightspeed.core.files import read_json, write_text_atomically
 from lightspeed.core.schema import ORIGINAL, SCHEMA
 
@@ -39,10 +39,8 @@ FROM_DATA_KEY = "from_data"
 #: data folder included): what `make eval` evaluates on, resolved on its own machine.
 DATA_CONFIG_KEY = "data_config"
 
-#: What is left out of a run's identity (`schema.Key.identity`, `added`), from the one schema: keys that say
-#: where a run lives, how it starts, or how it is watched and fed, so that changing them continues the run;
-#: and keys a release added after runs existed, at the value that behaves as before they did, so that
-#: upgrading continues the runs made before it.
+#: Left out of a run's identity, from the one schema: keys that say where a run lives, how it starts, or how
+#: it is watched and fed; and keys a release added, at the value that behaves as before (upgrading continues).
 NOT_IDENTITY = tuple(k for k, key in SCHEMA.items() if not key.identity)
 ADDED_KEYS = {k: key.added for k, key in SCHEMA.items() if key.added is not ORIGINAL}
 
@@ -194,8 +192,6 @@ def check_same_samples(checkpoint: dict[str, Any], ident: dict[str, Any], datamo
     """Resuming a run's own checkpoint on data whose training split has other samples (an image added: every
     split drawn anew, test images among the training ones) is a ConfigError naming the change; another run's
     is not checked."""
-    from lightspeed.core.config import ConfigError
-
     trained, ids = checkpoint.get(TRAIN_SAMPLES_KEY), getattr(datamodule, "sample_ids", None)
     own = (checkpoint.get("identity") or {}).get("digest") == digest(ident)
     if not own or trained is None or not isinstance(ids, dict) or ids.get("train") is None:

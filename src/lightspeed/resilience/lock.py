@@ -1,9 +1,6 @@
-"""One run folder, one writer: an OS lock on `<run dir>/.lock` for as long as a training run lives.
-
-Two copies of one command (a double submit, a requeued job whose old copy still runs) would otherwise
-write the same checkpoints at once. The lock is `flock`: the operating system drops it when its process
-ends in any way (SIGKILL included), so a lock left by a dead run is free for the next one, and nothing
-has to guess whether its holder still lives. The file holds who took it, for the refusal's line.
+"""One run folder, one writer: an OS lock (`flock`) on `<run dir>/.lock` for as long as a training run lives,
+or two copies of one command (a double submit) would write the same checkpoints at once. The OS drops it
+however its process ends (SIGKILL included), so a dead run's lock is free. The file says who holds it.
 """
 
 from __future__ import annotations
@@ -67,16 +64,14 @@ def acquire(run_dir: Path) -> IO[str]:
         ) from None
     handle.seek(0)
     handle.truncate()
-    handle.write(
-        json.dumps(
-            {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                "command": " ".join(sys.argv),
-            }
-        )
-    )
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    holder = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": started,
+        "command": " ".join(sys.argv),
+    }
+    handle.write(json.dumps(holder))
     handle.flush()
     return handle
 

@@ -17,20 +17,11 @@ ADVICE = "try a lower model.optimizer.lr, trainer.gradient_clip_val=1.0, bf16-mi
 
 
 class NonFiniteGuard(L.Callback):
-    """`action=stop`: every step keeps a reference to its loss (no kernel, no host sync); the kept
-    losses are read, in one sync, at every `check_every_n_steps`-th optimizer step, before every
-    checkpoint is written and when training ends. A non-finite loss stops the run with the step it
-    happened at, and no checkpoint holding the weights it produced is ever written. Under DDP the
-    ranks reduce the flag, so all of them stop together.
-
-    `action=skip`: before each optimizer step the gradient norm is read (one host sync per step: the
-    price of deciding in time), and a non-finite one drops the update: the gradients are cleared, so
-    the optimizer leaves the weights and its state as they were, and the buffers (BatchNorm's running
-    statistics, which the bad forward pass already updated) are put back as they were before the step.
-    Gradients are all-reduced by then, so every rank decides alike without talking. After
-    `max_consecutive_skips` skips in a row the run stops.
-    With 16-mixed, torch's GradScaler already skips such steps (and expects some), so it is left to it.
-    """
+    """`action=stop`: the kept losses are read in one sync every `check_every_n_steps` optimizer steps,
+    before every checkpoint and at the end, so no checkpoint holds the weights a bad step produced; under DDP
+    the ranks reduce the flag and stop together. `action=skip`: a non-finite gradient norm (one sync a step)
+    drops the update and puts the buffers back, up to `max_consecutive_skips` in a row; with 16-mixed the
+    GradScaler does this itself. docs/resilience.md ("Failures during training") has the rest."""
 
     def __init__(
         self, action: str = "stop", check_every_n_steps: int = 10, max_consecutive_skips: int = 10
@@ -47,14 +38,8 @@ class NonFiniteGuard(L.Callback):
         self._checked_at = -1  # the optimizer step of the last cadence check
         self._saved_buffers: list[Tensor] = []  # skip: the buffers as they were before this step
         # The hooks the other action needs are not called at all (Lightning skips a hook set to None).
-        unused = (
-            ("on_train_batch_start", "on_before_optimizer_step")
-            if action == "stop"
-            else ("on_train_batch_end",)
-        )
-        switch_off(self, unused)
-
-    # --- stop ---------------------------------------------------------------------------------------
+        skip_only, stop_only = ("on_train_batch_start", "on_before_optimizer_step"), ("on_train_batch_end",)
+        switch_off(self, skip_only if action == "stop" else stop_only)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._losses, self._steps = [], []
@@ -62,10 +47,8 @@ class NonFiniteGuard(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._losses is None:
-            return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if not isinstance(loss, Tensor):
+        if self._losses is None or not isinstance(loss, Tensor):
             return
         # Lightning's outputs hold a detached clone of the loss, made for every step anyway: keeping
         # a reference costs nothing on the device (copying it into a buffer was a kernel a step).
@@ -123,8 +106,6 @@ class NonFiniteGuard(L.Callback):
             f"the newest checkpoint ({newest}) predates it; {ADVICE}, or callbacks.nonfinite.action=skip",
             agreed=True,  # every rank reduced the same flag
         )
-
-    # --- skip ---------------------------------------------------------------------------------------
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int

@@ -21,22 +21,11 @@ from lightspeed.core.failures import Preempted
 
 
 class Preemption(L.Callback):
-    """Clusters announce the end of a job with a signal (SLURM: SIGUSR1 with `--signal`, then SIGTERM;
-    Kubernetes and most schedulers: SIGTERM) and kill it some seconds later.
-
-    The handler only records the signal: no I/O, no collective (Lightning 2.6's own SIGTERM handler
-    broadcasts from inside the handler, which can deadlock until the process-group timeout). After each
-    optimizer step the flag is read; with several ranks, every `check_every_n_steps` steps the ranks
-    agree with one small all-reduce, so that they all save the same step and stop together. Then the
-    checkpoint goes to `<checkpoint dir>/last.ckpt` (written atomically) and the run exits with
-    128 + the signal's number (143 for SIGTERM). The longest wait is one step (one process) or
-    `check_every_n_steps` steps (DDP), plus the save; at an epoch's last batch, the epoch's validation
-    and one more step too (a checkpoint taken before that validation would make the resumed run skip
-    it, and one taken at the next epoch's start is not one Lightning 2.6 resumes from correctly).
-    Under SLURM with auto-requeue (Lightning's default there), after SIGUSR1 (its requeue signal) the
-    first rank then requeues the job, as Lightning's own SIGUSR1 handler (which this one replaces) would;
-    after SIGTERM it does not (scancel sends it too: a cancelled job stays cancelled).
-    """
+    """Clusters announce the end of a job with a signal (SLURM: SIGUSR1 with `--signal`, then SIGTERM) and
+    kill it seconds later. The handler only records it: no I/O, no collective (Lightning 2.6's broadcasts
+    from inside its handler, which can deadlock). After each optimizer step (DDP: every `check_every_n_steps`
+    steps, one all-reduce) every rank saves `last.ckpt` and the run exits 128 + the signal; under SLURM's
+    auto-requeue, after SIGUSR1 only, the first rank requeues the job. docs/resilience.md has the rest."""
 
     def __init__(
         self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1"), check_every_n_steps: int = 10
@@ -101,7 +90,9 @@ class Preemption(L.Callback):
         callback = trainer.checkpoint_callback
         if callback is None:  # checkpointing is off (a debug run): stop, saving nothing
             raise Preempted(received, step, None)
-        path = str(_checkpoint_dir(trainer) / "last.ckpt")
+        # where `resume=auto` looks: the checkpoint callback's folder, else `<run dir>/checkpoints`
+        folder = getattr(callback, "dirpath", None) or Path(trainer.default_root_dir) / "checkpoints"
+        path = str(Path(folder) / "last.ckpt")
         if hasattr(callback, "last_model_path"):
             # its own record of last.ckpt, saved with it: after resuming it overwrites the file instead of
             # writing last-v1.ckpt beside it
@@ -129,10 +120,3 @@ def requeue_slurm_job() -> int:
     else:
         rank_zero_warn(f"scontrol requeue {job} failed (exit {code}): resubmit the job to continue")
     return code
-
-
-def _checkpoint_dir(trainer: L.Trainer) -> Path:
-    """The checkpoint callback's folder, else `<run dir>/checkpoints`: where `resume=auto` looks."""
-    callback = trainer.checkpoint_callback
-    folder = getattr(callback, "dirpath", None)
-    return Path(folder) if folder else Path(trainer.default_root_dir) / "checkpoints"

@@ -1,4 +1,7 @@
-"""A distinct random stream per DDP rank, saved in checkpoints so that a resumed run draws the same."""
+"""A distinct random stream per DDP rank, saved in checkpoints so that a resumed run draws the same.
+
+States are plain data (`weights_only=True` loads only tensors, numbers, strings and containers), gathered
+from all ranks, as Lightning writes rank 0's checkpoint only."""
 
 from __future__ import annotations
 
@@ -8,9 +11,8 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
-
-from lightspeed.resilience import rank_state
 
 #: Where a checkpoint keeps every rank's random states (before 0.2: `checkpoint["callbacks"]["RankSeed"]`,
 #: moved here when loaded: `lightspeed.resilience.checkpoint.migrate`).
@@ -18,14 +20,11 @@ KEY = "rank_rng"
 
 
 class RankSeed(L.Callback):
-    """Reseed torch, numpy and random with `seed + global_rank` once fit starts; save and restore every rank's
-    generator states with each checkpoint (`checkpoint["rank_rng"]`).
-
-    What is built before fit (weights, the data split) shares one seed, as it must; after it, dropout masks
-    and on-device augmentation must differ between ranks, or they draw the same noise for different samples.
-    The run's seed (PL_GLOBAL_SEED) is kept: the samplers derive the data order from it. States come back in
-    `on_train_start` (after sanity checks and summaries, before the first batch is augmented), so a resumed
-    run draws what the uninterrupted one would (Lightning skips `on_train_epoch_start` mid-epoch)."""
+    """Reseed torch, numpy and random with `seed + global_rank` once fit starts (what is built before, the
+    weights and the data split, shares one seed; dropout and augmentation must differ between ranks), and
+    keep every rank's generator states in each checkpoint. The run's seed (PL_GLOBAL_SEED) is kept: the
+    samplers derive the data order from it. States come back in `on_train_start`, before the first batch
+    is augmented (Lightning skips `on_train_epoch_start` mid-epoch)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
@@ -40,7 +39,7 @@ class RankSeed(L.Callback):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
         """Every rank's states (a collective: Lightning builds checkpoints on all ranks at once)."""
-        checkpoint[KEY] = {"ranks": rank_state.gather(rank_state.capture())}
+        checkpoint[KEY] = {"ranks": gather(capture())}
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
         self._pending = checkpoint.get(KEY)
@@ -56,4 +55,51 @@ class RankSeed(L.Callback):
                 f"{trainer.world_size}: continuing with fresh seeds (the run is no longer bit-exact)"
             )
             return
-        rank_state.restore(ranks[trainer.global_rank])
+        restore(ranks[trainer.global_rank])
+
+
+def capture() -> dict[str, Any]:
+    """This process's RNG states: torch (CPU), the current CUDA device if in use, numpy, random (numpy's
+    and Python's tuples with arrays become tensors and numbers)."""
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": {
+            "version": version,
+            "state": torch.tensor(internal, dtype=torch.int64),
+            "gauss": gauss_next,
+        },
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Set the generators `capture` read; CUDA's only where this process uses CUDA too."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"].tolist()), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def gather(mine: Any) -> list[Any]:
+    """Every rank's `mine`, in rank order (a collective: call it on all ranks at once, as Lightning does
+    when it builds a checkpoint); `[mine]` in a single process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [mine]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out

@@ -1,11 +1,6 @@
-"""Auto-resume: the same command, rerun after a crash, continues where it stopped.
-
-A run's folder is `logs/<task>/runs/<run_name>`; `run_name` defaults to a name with a hash of the run's
-identity (`identity.py`), so the same command lands in the same folder and a changed setting starts a new
-one. `resume=auto` picks the checkpoint furthest into training that this run wrote and that checks out
-(loads as plain data, matches its checksum, finite weights); `resume=never` refuses to start over a folder
-that has one, so nothing is overwritten. A folder reused with other settings (an explicit `run_name`) is
-refused, naming the keys that differ.
+"""Auto-resume: the same command, rerun after a crash, continues where it stopped (the same command lands in
+the same folder: `identity.py`). `resume=auto` picks the checkpoint furthest into training that this run
+wrote and that checks out; `resume=never` refuses to start over one. docs/resilience.md has the details.
 """
 
 from __future__ import annotations
@@ -14,7 +9,6 @@ import contextlib
 import os
 import pickle
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +110,6 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
         return str(path), info
     if cfg.trainer.get("enable_checkpointing", True) is False or cfg.trainer.get("fast_dev_run"):
         return None, None  # a run that writes no checkpoints (debug=*) resumes none either
-    mode = cfg.get("resume", "auto")
     folder = checkpoint_dir(cfg)
     record = identity.read_record(run_dir)
     has_checkpoints = folder.is_dir() and any(folder.glob("*.ckpt"))
@@ -141,7 +134,7 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
         return None, None
     path, info = found
     _check_strategy_loads(cfg, path, "resume=auto found")
-    if mode == "never":
+    if cfg.get("resume", "auto") == "never":
         raise ConfigError(
             f"resume=never, but {folder} already holds checkpoints (newest: {path.name}, step "
             f"{info['global_step']}) that starting over would overwrite: use resume=auto to continue "
@@ -204,6 +197,6 @@ def _bring_last_up_to_date(path: Path, info: dict[str, Any]) -> None:
             shutil.copytree(path, partial)
             sharded.swap_into_place(partial, last)
             return
-        tmp = last.with_name(f"{last.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+        tmp = checkpoint.temporary(last)
         shutil.copyfile(path, tmp)
         os.replace(tmp, last)

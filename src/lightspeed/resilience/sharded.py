@@ -1,12 +1,7 @@
-"""Sharded checkpoints: every rank writes its own part (`torch.distributed.checkpoint`, DCP), so that a
-model too big to gather on one device (trainer=fsdp) is saved without gathering it, kept to the promises
-of one-file checkpoints (checkpoint.py): written whole or not at all, the run's identity and a checksum
-inside, loaded without unpickling code, and convertible to one file for eval on one device.
-
-A sharded checkpoint is a folder named as a checkpoint file would be (`last.ckpt/`): DCP's `.metadata`
-and `__<rank>_<n>.distcp` files (weights and optimizer states, by parameter name) and `meta.pt`, written
-last by rank 0: the rest of Lightning's checkpoint (loop position, callbacks, hyperparameters, identity)
-with a CRC-32 of each DCP file. The folder is written under a hidden name and renamed into place.
+"""Sharded checkpoints: every rank writes its own part (`torch.distributed.checkpoint`, DCP), so a model
+too big to gather on one device (trainer=fsdp) is saved without gathering it, with the promises of one-file
+checkpoints. A folder named as the file would be (`last.ckpt/`): DCP's files and `meta.pt` (the rest of
+Lightning's checkpoint and a CRC-32 of each DCP file), written last by rank 0; docs/scale.md has the rest.
 """
 
 from __future__ import annotations
@@ -37,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from lightspeed.resilience import checkpoint as one_file
+from lightspeed.resilience.rank_seed import gather
 
 META = "meta.pt"
 FILES_KEY = "sharded_files"  # in meta.pt: {file name: crc32} of the DCP files
@@ -50,13 +46,8 @@ def is_sharded(path: Any) -> bool:
 
 class ShardedCheckpoints:
     """Put ahead of a Lightning strategy (`class S(ShardedCheckpoints, DDPStrategy)`): its checkpoints are
-    sharded folders. Every rank takes part in each save; Lightning's own gathering of the state
-    (`lightning_module_state_dict`, `optimizer_state`) is skipped, as DCP reads each rank's part.
-
-    Every checkpoint is restored before the strategy's setup, as under DDP (so callbacks have their state
-    back before `on_fit_start`, which FSDP's own order, after setup, would not give them): every rank reads
-    the whole weights into the model before it is wrapped (it holds them whole at that point anyway), and
-    once the optimizers exist, the optimizer states, each rank its own part."""
+    sharded folders, and Lightning's own gathering of the state is skipped. Restored before the strategy's
+    setup, as under DDP, so callbacks have their state back before `on_fit_start` (FSDP's order would not)."""
 
     @property
     def restore_checkpoint_after_setup(self) -> bool:
@@ -83,7 +74,10 @@ class ShardedCheckpoints:
         if not is_sharded(path):  # a one-file checkpoint (fine-tuning from another run's)
             return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
         meta = one_file.migrate(read_meta(path))
-        load_weights(self.lightning_module, path)
+        # every rank reads the whole weights into the model before it is wrapped (it holds them whole then)
+        state = {"model": self.lightning_module.state_dict()}
+        _load(state, path, no_dist=True)
+        self.lightning_module.load_state_dict(state["model"])
         meta[LOADED_KEY] = str(path)
         meta.setdefault("optimizer_states", [])  # restored in load_optimizer_state_dict; Lightning wants it
         return meta
@@ -94,8 +88,11 @@ class ShardedCheckpoints:
 
     def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
         if checkpoint.get(LOADED_KEY):
-            if self.optimizers and "optimizer" in _stored_keys(Path(checkpoint[LOADED_KEY])):
-                load_optimizer_states(self, Path(checkpoint[LOADED_KEY]))
+            folder = Path(checkpoint[LOADED_KEY])
+            if self.optimizers and "optimizer" in _stored_keys(folder):  # each rank its own part
+                state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizers)}
+                _load(state, folder)
+                set_optimizer_state_dict(self.model, self.optimizers, state["optimizer"])
         elif isinstance(self, _FSDPStrategy):
             if checkpoint.get("optimizer_states"):
                 rank_zero_warn(
@@ -142,18 +139,12 @@ def save(strategy: Any, checkpoint: dict[str, Any], folder: Path, with_optimizer
         if f.name.startswith(f"__{strategy.global_rank}_")
         or (strategy.is_global_zero and f.name == ".metadata")
     }
-    every = [own]
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        every = [{} for _ in range(torch.distributed.get_world_size())]
-        torch.distributed.all_gather_object(every, own)
+    every = gather(own)
     if strategy.is_global_zero:
         meta = dict(checkpoint)
         meta[FILES_KEY] = dict(sorted(kv for part in every for kv in part.items()))
         meta[one_file.CHECKSUM_KEY] = one_file.checksum(meta)
-        with open(partial / META, "wb") as f:
-            torch.save(meta, f)
-            f.flush()
-            os.fsync(f.fileno())
+        one_file.save_synced(meta, partial / META)
         one_file._fsync_dir(partial)
         swap_into_place(partial, folder)
     strategy.barrier("sharded_save_end")
@@ -185,20 +176,6 @@ def _load(state: dict[str, Any], folder: Path, **kwargs: Any) -> None:
                     f"{folder} holds a value that is not plain data (refused, not run): {refused[0]}"
                 ) from None
             raise
-
-
-def load_weights(module: torch.nn.Module, folder: Path) -> None:
-    """One rank, no collective: the whole weights of the sharded checkpoint `folder` into `module`."""
-    state = {"model": module.state_dict()}
-    _load(state, folder, no_dist=True)
-    module.load_state_dict(state["model"])
-
-
-def load_optimizer_states(strategy: Any, folder: Path) -> None:
-    """Every rank, once the strategy has set up the model and optimizers: their states, each its part."""
-    state = {"optimizer": get_optimizer_state_dict(strategy.model, strategy.optimizers)}
-    _load(state, folder)
-    set_optimizer_state_dict(strategy.model, strategy.optimizers, state["optimizer"])
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
@@ -274,18 +251,12 @@ class SafeReader(FileSystemReader):
         return metadata
 
 
+_METADATA_CLASSES = (
+    "Metadata TensorStorageMetadata BytesStorageMetadata ChunkStorageMetadata TensorProperties"
+)
 _ALLOWED = {
     ("torch.distributed.checkpoint.metadata", name)
-    for name in (
-        "Metadata",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "TensorProperties",
-        "MetadataIndex",
-        "StorageMeta",
-        "_MEM_FORMAT_ENCODING",
-    )
+    for name in (*_METADATA_CLASSES.split(), "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
 } | {
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
