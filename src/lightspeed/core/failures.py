@@ -1,9 +1,6 @@
-"""Failures during training, each ending the run with one line that says what happened and what to try.
-
-Exit codes: 2 a bad setting (before any work), 3 a training failure explained here (non-finite loss, out of
-memory, another rank lost under torchrun or SLURM), 128 + N preempted by signal N after saving a checkpoint
-(143 for SIGTERM, 138 for SIGUSR1: rerun the same command to continue), 1 anything unexpected (with its
-traceback). Under trainer=ddp these are the first rank's codes."""
+"""Failures during training, each ending the run with one line that says what happened and what to try, and
+an exit code (docs/resilience.md): 3 a failure explained here, 128 + N preempted by signal N after saving a
+checkpoint, 1 anything unexpected (with its traceback). Under trainer=ddp these are the first rank's codes."""
 
 from __future__ import annotations
 
@@ -27,8 +24,8 @@ ENDED_TOGETHER = (None, 0, 128 + signal.SIGTERM, 128 + signal.SIGUSR1)
 
 
 class TrainingFailure(RuntimeError):
-    """Training cannot go on; the message says why and what to try. `agreed`: every rank raises it at
-    the same point (it comes from a reduced check), so every rank exits by itself."""
+    """Training cannot go on; the message says why and what to try. `agreed`: every rank raises it at the
+    same point (a reduced check), so every rank exits by itself."""
 
     def __init__(self, message: str, agreed: bool = False) -> None:
         super().__init__(message)
@@ -50,10 +47,8 @@ def _newest_saved(trainer: L.Trainer) -> str:
     path = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
     if not path or not Path(path).exists():
         return "no checkpoint was saved yet (a rerun starts over)"
-    if Path(path).is_dir():  # sharded (resilience/sharded.py): its meta.pt holds the position
-        step = torch.load(Path(path) / "meta.pt", map_location="cpu", weights_only=True).get("global_step")
-    else:
-        step = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step")
+    file = Path(path) / "meta.pt" if Path(path).is_dir() else path  # sharded: its meta.pt holds the position
+    step = torch.load(file, map_location="cpu", weights_only=True, mmap=True).get("global_step")
     return f"the newest checkpoint is {path} (step {step}); rerun the same command to continue from it"
 
 
@@ -120,15 +115,9 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
         yield
     except Preempted as stop:
         name = signal.Signals(stop.signum).name
-        if stop.path is None:
-            _say(
-                f"preempted by {name} at step {stop.step}: nothing saved (trainer.enable_checkpointing=false)"
-            )
-        else:
-            _say(
-                f"preempted by {name}: saved {stop.path} at step {stop.step}; "
-                "rerun the same command to continue (resume=auto)"
-            )
+        saved = f": saved {stop.path} at step {stop.step}; rerun the same command to continue (resume=auto)"
+        nothing = f" at step {stop.step}: nothing saved (trainer.enable_checkpointing=false)"
+        _say(f"preempted by {name}{nothing if stop.path is None else saved}")
         raise SystemExit(128 + stop.signum if agreed is None else agreed) from None
     except SystemExit as stop:
         # Lightning's exit after a KeyboardInterrupt (trainer.interrupted alone is true after any error)
@@ -139,7 +128,7 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
     except TrainingFailure as err:
         _say(f"error: {err}")
         raise SystemExit(TRAINING_FAILURE_EXIT if agreed is None else agreed) from None
-    except (torch.OutOfMemoryError, RuntimeError) as err:
+    except RuntimeError as err:  # torch.OutOfMemoryError is one
         if (peer := lost_peer(err)) is not None and trainer.world_size > 1:
             print(
                 f"error: rank {trainer.global_rank} lost another rank in a collective ({peer}): that rank or "

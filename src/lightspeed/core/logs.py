@@ -18,13 +18,6 @@ def route_to_run_log() -> None:
     logging.captureWarnings(True)
 
 
-# (message regex, category, module regex) of warnings that say nothing a Lightspeed user can act on.
-KNOWN_WARNINGS: list[tuple[str, type[Warning], str]] = [
-    # torch 2.13 deprecated pytree's LeafSpec; lightning 2.6.6 still checks for it on every run.
-    (r".*LeafSpec.* is deprecated", FutureWarning, r"lightning\.pytorch\.utilities\._pytree"),
-]
-
-
 KNOWN_LOG_LINES: tuple[str, ...] = (
     # Lightning 2.6 advertises its cloud services (litlogger, litmodels) on every run.
     "💡 Tip: For seamless cloud",
@@ -33,20 +26,20 @@ KNOWN_LOG_LINES: tuple[str, ...] = (
 )
 
 
-class _DropKnownLines(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(KNOWN_LOG_LINES)
+def _drop_known_lines(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(KNOWN_LOG_LINES)
 
 
 def silence_known_noise() -> None:
-    for message, category, module in KNOWN_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    # torch 2.13 deprecated pytree's LeafSpec; lightning 2.6.6 still checks for it on every run.
+    warnings.filterwarnings(
+        "ignore", r".*LeafSpec.* is deprecated", FutureWarning, r"lightning\.pytorch\.utilities\._pytree"
+    )
     # LitData (data=shards) logs how it reads chunks and sizes its (unused, for local files) cache at INFO
     # on every loader; its warnings stay.
     logging.getLogger("litdata").setLevel(logging.WARNING)
     # torch's ONNX exporter warns, for every export, that torchvision's detection ops are not registered
     # when torchvision is not installed: nothing a model without them needs.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _DropKnownLines) for f in rank_zero_logger.filters):
-        rank_zero_logger.addFilter(_DropKnownLines())
+    # addFilter adds a filter once, however often this runs
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_drop_known_lines)

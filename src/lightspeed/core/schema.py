@@ -1,11 +1,6 @@
-"""The config's one schema: a record per key that Lightspeed knows more of than its default's type says.
-
-Each record gives what values the key takes (a check and, in words, what is allowed: the one-line error),
-whether it belongs to a run's identity, whether it names a folder, whether it is a loader setting, and for a
-key a release added or retired, what keeps older runs and configs working. Every consumer reads its facts
-from here (`config`: the checks, the folder names, the retired keys; `identity`: what enters a run's hash;
-`accel` and `eval`: the loader settings): no key is named in a second table. A key without a record is
-checked against its default's type (`config.check_type`).
+"""The config's one schema: a record per key that Lightspeed knows more of than its default's type says
+(docs/engine.md); every consumer reads its facts from here, no key is named in a second table. A key without
+a record is checked against its default's type (`config.check_type`).
 
 Why records of our own, not Hydra structured configs or pydantic: the config's groups are open (a
 project's models and data sets bring keys the engine cannot type), a range or a choice is more than a
@@ -21,9 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
 #: `Key.added`'s default: the key was there from the first release.
 ORIGINAL = object()
@@ -69,27 +61,38 @@ def _int_at_least(low: int, extra: str = "") -> tuple[Callable[[Any], bool], str
     return (lambda v: is_int(v) and v >= low, f"an integer >= {low}{extra}")
 
 
-def _bool_or_auto() -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v == "auto" or isinstance(v, bool), "auto, true or false")
+def _or_null(rule: tuple[Callable[[Any], bool], str]) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v is None or rule[0](v), f"{rule[1]} or null")
 
 
+def _sizes(example: str) -> tuple[Callable[[Any], bool], str]:
+    return (
+        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(is_int(c) and c >= 1 for c in v),
+        f"a non-empty list of integers >= 1, e.g. {example}",
+    )
+
+
+def _named(allowed: str) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: isinstance(v, str) and v != "", allowed)
+
+
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+_BOOL_OR_AUTO = (lambda v: v == "auto" or isinstance(v, bool), "auto, true or false")
+_SEED = (lambda v: is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1")
+_BELOW_ONE = (lambda v: is_finite(v) and 0 <= v < 1, "a number from 0 to below 1")
+_NON_NEGATIVE = (lambda v: is_finite(v) and v >= 0, "a number >= 0")
+_BETWEEN = (lambda v: is_finite(v) and 0 < v < 1, "a number between 0 and 1")
+#: How many batches of an epoch: a count, a fraction of them, or null (Lightning's default).
+_BATCHES = (
+    lambda v: v is None or (is_int(v) and v >= 0) or (is_finite(v) and 0 <= v <= 1),
+    "a number of batches >= 0, a fraction from 0 to 1, or null",
+)
+#: A name that is one folder inside its parent: no separator, not `.` or `..`.
+FOLDER_NAME = (
+    lambda v: isinstance(v, str) and re.fullmatch(r"[\w.,=+-]+", v) is not None and v not in (".", ".."),
+    "letters, digits and . , = + - _ but not . or .. alone (it names one folder)",
+)
 _SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
-
-
-def _batches() -> tuple[Callable[[Any], bool], str]:
-    """How many batches of an epoch: a count, a fraction of them, or null (Lightning's default)."""
-    return (
-        lambda v: v is None or (is_int(v) and v >= 0) or (is_finite(v) and 0 <= v <= 1),
-        "a number of batches >= 0, a fraction from 0 to 1, or null",
-    )
-
-
-def folder_name() -> tuple[Callable[[Any], bool], str]:
-    """A name that is one folder inside its parent: no separator, not `.` or `..`."""
-    return (
-        lambda v: isinstance(v, str) and re.fullmatch(r"[\w.,=+-]+", v) is not None and v not in (".", ".."),
-        "letters, digits and . , = + - _ but not . or .. alone (it names one folder)",
-    )
 
 
 #: Every key with a record. Identity: loader settings change speed, not batches (both loaders serve the
@@ -97,33 +100,24 @@ def folder_name() -> tuple[Callable[[Any], bool], str]:
 #: against their published MD5s). `added`: every new key that changes what a run computes gets one
 #: (tests/test_resume.py pins the default run's hash to catch a key that was not).
 SCHEMA: dict[str, Key] = {
-    "seed": Key(lambda v: is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
-    "data.split_seed": Key(lambda v: is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+    "seed": Key(*_SEED),
+    "data.split_seed": Key(*_SEED),
     "data.normalize": Key(
         lambda v: isinstance(v, bool) or v == "per_feature",
         "true (one mean and std), per_feature (each input feature its own: tabular data) or false",
     ),
-    "model.optimizer.weight_decay": Key(lambda v: is_finite(v) and v >= 0, "a number >= 0"),
-    "model.optimizer.momentum": Key(lambda v: is_finite(v) and 0 <= v < 1, "a number from 0 to below 1"),
-    "model.scheduler.pct_start": Key(lambda v: is_finite(v) and 0 < v < 1, "a number between 0 and 1"),
-    "model.net.dropout": Key(lambda v: is_finite(v) and 0 <= v < 1, "a number from 0 to below 1"),
-    "model.net.channels": Key(
-        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(is_int(c) and c >= 1 for c in v),
-        "a non-empty list of integers >= 1, e.g. [32, 64]",
-    ),
-    "model.net.hidden": Key(
-        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(is_int(c) and c >= 1 for c in v),
-        "a non-empty list of integers >= 1, e.g. [256, 128]",
-    ),
-    "trainer.min_epochs": Key(lambda v: v is None or (is_int(v) and v >= 0), "an integer >= 0 or null"),
+    "model.optimizer.weight_decay": Key(*_NON_NEGATIVE),
+    "model.optimizer.momentum": Key(*_BELOW_ONE),
+    "model.scheduler.pct_start": Key(*_BETWEEN),
+    "model.net.dropout": Key(*_BELOW_ONE),
+    "model.net.channels": Key(*_sizes("[32, 64]")),
+    "model.net.hidden": Key(*_sizes("[256, 128]")),
+    "trainer.min_epochs": Key(*_or_null(_int_at_least(0))),
     "trainer.num_sanity_val_steps": Key(
         *_int_at_least(-1, " (-1: the whole validation set)"), identity=False
     ),
     "trainer.num_nodes": Key(*_int_at_least(1, " (machines, each started by torchrun or SLURM)"), added=1),
-    "trainer.check_val_every_n_epoch": Key(
-        lambda v: v is None or (is_int(v) and v >= 1),
-        "an integer >= 1 or null",
-    ),
+    "trainer.check_val_every_n_epoch": Key(*_or_null(_int_at_least(1))),
     "trainer.val_check_interval": Key(
         lambda v: (
             v is None
@@ -143,29 +137,25 @@ SCHEMA: dict[str, Key] = {
         lambda v: v is None or (isinstance(v, str) and v != ""), "a metric's name, or null"
     ),
     "monitor.mode": Key(lambda v: v is None or v in ("min", "max"), "min, max, or null (the model's)"),
-    "monitor.check_mode": Key(
-        lambda v: isinstance(v, bool), "true or false", identity=False
-    ),  # a check of the settings, not a setting
+    "monitor.check_mode": Key(*_BOOL, identity=False),  # a check of the settings, not a setting
     "callbacks.early_stopping.patience": Key(*_int_at_least(0)),
-    "run_name": Key(*folder_name(), identity=False, folder=True),
-    "task_name": Key(*folder_name(), folder=True),
+    "run_name": Key(*FOLDER_NAME, identity=False, folder=True),
+    "task_name": Key(*FOLDER_NAME, folder=True),
     "resume": Key(*_one_of("auto", "never"), identity=False),
-    "trainer.precision": Key(*_one_of("auto", *PRECISIONS)),
-    "trainer.accelerator": Key(*_one_of(*ACCELERATORS)),
+    "trainer.precision": Key(
+        *_one_of("auto", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+    ),
+    "trainer.accelerator": Key(*_one_of("auto", "cpu", "gpu", "cuda", "mps")),
     "trainer.max_epochs": Key(
-        lambda v: v is None or (is_int(v) and (v >= 1 or v == -1)),
-        "an integer >= 1 (or -1 for no limit)",
+        lambda v: v is None or (is_int(v) and (v >= 1 or v == -1)), "an integer >= 1 (or -1 for no limit)"
     ),
     "trainer.max_steps": Key(*_int_at_least(-1, " (or -1 for no limit)"), added=-1),
     "trainer.accumulate_grad_batches": Key(*_int_at_least(1)),
     "trainer.benchmark": Key(lambda v: v in ("auto", None) or isinstance(v, bool), "auto, true or false"),
     "trainer.deterministic": Key(
-        lambda v: v is None or isinstance(v, bool) or v == "warn",
-        "true, false or warn",
+        lambda v: v is None or isinstance(v, bool) or v == "warn", "true, false or warn"
     ),
-    "trainer.gradient_clip_val": Key(
-        lambda v: v is None or (is_finite(v) and v >= 0), "a number >= 0 or null"
-    ),
+    "trainer.gradient_clip_val": Key(*_or_null(_NON_NEGATIVE)),
     "trainer.log_every_n_steps": Key(*_int_at_least(1), identity=False),
     "data.batch_size": Key(*_int_at_least(1)),
     "data.num_workers": Key(
@@ -174,24 +164,20 @@ SCHEMA: dict[str, Key] = {
         identity=False,
         loader=True,
     ),
-    "data.pin_memory": Key(*_bool_or_auto(), identity=False, loader=True),
-    "data.non_blocking": Key(*_bool_or_auto(), identity=False, loader=True),
-    "data.on_device": Key(*_bool_or_auto(), identity=False, loader=True),
-    "data.persistent_workers": Key(
-        lambda v: isinstance(v, bool), "true or false", identity=False, loader=True
-    ),
-    "data.drop_last": Key(lambda v: isinstance(v, bool), "true or false"),
-    "data.prefetch_factor": Key(
-        lambda v: v is None or (is_int(v) and v >= 1), "an integer >= 1 or null", identity=False, loader=True
-    ),
-    "data.val_fraction": Key(lambda v: is_number(v) and 0 < v < 1, "a number between 0 and 1"),
-    "data.test_fraction": Key(lambda v: is_number(v) and 0 < v < 1, "a number between 0 and 1"),
+    "data.pin_memory": Key(*_BOOL_OR_AUTO, identity=False, loader=True),
+    "data.non_blocking": Key(*_BOOL_OR_AUTO, identity=False, loader=True),
+    "data.on_device": Key(*_BOOL_OR_AUTO, identity=False, loader=True),
+    "data.persistent_workers": Key(*_BOOL, identity=False, loader=True),
+    "data.drop_last": Key(*_BOOL),
+    "data.prefetch_factor": Key(*_or_null(_int_at_least(1)), identity=False, loader=True),
+    "data.val_fraction": Key(*_BETWEEN),
+    "data.test_fraction": Key(*_BETWEEN),
     "data.augment.crop_padding": Key(*_int_at_least(0)),
-    "data.augment.flip": Key(lambda v: isinstance(v, bool), "true or false"),
+    "data.augment.flip": Key(*_BOOL),
     "model.optimizer.lr": Key(lambda v: is_finite(v) and v > 0, "a finite number > 0"),
     "accel.matmul_precision": Key(*_one_of("highest", "high", "medium")),
-    "accel.channels_last": Key(*_bool_or_auto()),
-    "accel.compile": Key(lambda v: isinstance(v, bool), "true or false"),
+    "accel.channels_last": Key(*_BOOL_OR_AUTO),
+    "accel.compile": Key(*_BOOL),
     "accel.compile_mode": Key(
         *_one_of("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
     ),
@@ -200,7 +186,7 @@ SCHEMA: dict[str, Key] = {
         "a torch.compile backend: " + ", ".join(torch.compiler.list_backends()),
     ),
     "accel.optimizer_impl": Key(*_one_of("auto", "torch", "fused", "foreach", "loop")),
-    "accel.flush_denormal": Key(*_bool_or_auto()),
+    "accel.flush_denormal": Key(*_BOOL_OR_AUTO),
     "callbacks.nonfinite.action": Key(*_one_of("stop", "skip")),
     "callbacks.nonfinite.check_every_n_steps": Key(*_int_at_least(1), identity=False),
     "callbacks.nonfinite.max_consecutive_skips": Key(*_int_at_least(1)),
@@ -214,20 +200,18 @@ SCHEMA: dict[str, Key] = {
     ),
     "callbacks.speed_report.summary_depth": Key(*_int_at_least(-1, " (-1: every layer, 0: none)")),
     "callbacks.rich_progress_bar.refresh_rate": Key(*_int_at_least(1, " (updates a second)")),
-    "logger.csv.save_dir": Key(lambda v: isinstance(v, str) and v != "", "a folder"),
-    "logger.tensorboard.save_dir": Key(lambda v: isinstance(v, str) and v != "", "a folder"),
-    "model.optimizer.name": Key(
-        lambda v: isinstance(v, str) and v != "", "a class in torch.optim, e.g. AdamW"
-    ),
-    "model.scheduler.name": Key(lambda v: isinstance(v, str) and v != "", "none, cosine or onecycle"),
+    "logger.csv.save_dir": Key(*_named("a folder")),
+    "logger.tensorboard.save_dir": Key(*_named("a folder")),
+    "model.optimizer.name": Key(*_named("a class in torch.optim, e.g. AdamW")),
+    "model.scheduler.name": Key(*_named("none, cosine or onecycle")),
     "trainer.overfit_batches": Key(
         lambda v: (is_int(v) and v >= 0) or (is_finite(v) and 0 <= v <= 1),
         "a number of batches >= 0, or a fraction of them from 0 to 1",
         added=0.0,
     ),
-    "trainer.limit_train_batches": Key(*_batches(), added=1.0),
-    "trainer.limit_val_batches": Key(*_batches(), added=1.0),
-    "trainer.limit_test_batches": Key(*_batches(), added=1.0),
+    "trainer.limit_train_batches": Key(*_BATCHES, added=1.0),
+    "trainer.limit_val_batches": Key(*_BATCHES, added=1.0),
+    "trainer.limit_test_batches": Key(*_BATCHES, added=1.0),
     "trainer.profiler": Key(
         lambda v: (
             v is None

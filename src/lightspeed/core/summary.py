@@ -17,8 +17,7 @@ SUMMARY_FILE = "summary.json"
 
 @rank_zero_only
 def write(run_dir: Path, facts: dict[str, Any], metrics: dict[str, float]) -> None:
-    """`summary.json` in `run_dir`, whole or not at all (a temporary file of its own, then a rename): a
-    reader never finds half of one."""
+    """`summary.json` in `run_dir`, whole or not at all: a reader never finds half of one."""
     write_text_atomically(
         run_dir / SUMMARY_FILE, json.dumps({**facts, "metrics": metrics}, indent=2, default=str) + "\n"
     )
@@ -51,9 +50,8 @@ def config_tree(config: dict[str, Any], run_dir: Path, show: bool = True) -> Non
     from rich.tree import Tree
 
     tree = Tree("config (resolved)", guide_style="dim")
-    plain = {k: v for k, v in config.items() if not isinstance(v, dict)}
-    groups = {k: v for k, v in config.items() if isinstance(v, dict)}
-    for name, values in [("run", plain), *groups.items()]:
+    groups = [(k, v) for k, v in config.items() if isinstance(v, dict)]
+    for name, values in [("run", {k: v for k, v in config.items() if not isinstance(v, dict)}), *groups]:
         text = yaml.safe_dump(values, sort_keys=False, allow_unicode=True, default_flow_style=False).strip()
         tree.add(f"[bold]{name}[/bold]").add(
             Syntax(text, "yaml", theme="ansi_dark", background_color="default")
