@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from lightspeed import CONF_DIR, CONF_DIRS
-from lightspeed.core.schema import SCHEMA, folder_name, is_int, is_number
+from lightspeed.core.schema import FOLDER_NAME, SCHEMA, is_int, is_number
 
 #: Exit code for a bad config (training failures exit 1, like any Python error).
 CONFIG_ERROR_EXIT = 2
@@ -82,9 +83,12 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.select(cfg, key, default=None)
 
 
-#: The views of `schema.SCHEMA` that the checks read: each key's check and what it allows, the keys that
-#: name folders, and the retired keys with what to use instead.
-_RULES = {k: (key.check, key.allowed) for k, key in SCHEMA.items() if key.check is not None}
+def plain(node: Any) -> Any:
+    """A config node as plain containers (interpolations unresolved); any other value as it is."""
+    return OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
+
+
+#: The views of `schema.SCHEMA` for the keys that name folders and the retired keys (what to use instead).
 FOLDER_KEYS = tuple(k for k, key in SCHEMA.items() if key.folder)
 RETIRED = {k: key.retired for k, key in SCHEMA.items() if key.retired is not None}
 
@@ -125,55 +129,69 @@ CLUSTER_VARIABLES = (
 
 # radon C: fifo, sharded, folder, missing
 def check_checkpoint_path(path: Path, other: str = "") -> None:
-    """A `ckpt_path` that is a file or a sharded checkpoint's folder; another folder or a missing path is
-    one line saying which."""
+    """A `ckpt_path` that is a file or a sharded checkpoint's folder; else one line saying what it is."""
+    other = f", {other}" if other else ""
     if path.exists() and not path.is_dir() and not path.is_file():
         raise ConfigError(
-            f"ckpt_path={path} is not a regular file (a fifo, a device): pass the path of a .ckpt file"
-            f"{', ' + other if other else ''}"
+            f"ckpt_path={path} is not a regular file (a fifo, a device): pass the path of a .ckpt file{other}"
         )
     if path.is_dir() and ((path / "meta.pt").is_file() or (path / ".metadata").is_file()):
         return  # a sharded checkpoint (resilience/sharded.py)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
         hint = f" (it holds {', '.join(found)})" if found else ""
-        raise ConfigError(
-            f"ckpt_path={path} is a folder{hint}: pass the .ckpt file itself{', ' + other if other else ''}"
-        )
+        raise ConfigError(f"ckpt_path={path} is a folder{hint}: pass the .ckpt file itself{other}")
     if not path.is_file():
+        raise ConfigError(f"ckpt_path={path} does not exist: pass the path of a .ckpt file{other}")
+
+
+def _select(cfg: DictConfig, key: str) -> Any:
+    """The key's value, or _ABSENT; one line where a node on its path is no mapping (a yaml file made
+    `model` a list, say), where OmegaConf would raise its own error."""
+    try:
+        return OmegaConf.select(cfg, key, default=_ABSENT)
+    except (OmegaConfBaseException, ValueError):
+        node, path = cfg, []
+        for part in key.split(".")[:-1]:
+            path.append(part)
+            node = node.get(part) if OmegaConf.is_dict(node) else node
+            if not OmegaConf.is_dict(node):
+                break
+        where, got = ".".join(path), plain(node)
         raise ConfigError(
-            f"ckpt_path={path} does not exist: pass the path of a .ckpt file{', ' + other if other else ''}"
-        )
+            f"{where}={str(got)[:60]} is no mapping of settings ({type(got).__name__}), but {key} belongs in "
+            f"it: a yaml file or a value gave {where} another shape; give it its settings as key: value lines"
+        ) from None
 
 
 def validate_common(cfg: DictConfig) -> None:
-    """The checks that train and eval share: every rule whose key the config has, the splits, the
-    strategy, the devices and the output folder."""
-    for key, (ok, allowed) in _RULES.items():
-        value = OmegaConf.select(cfg, key, default=_ABSENT)
-        if value is not _ABSENT and not ok(value):
-            raise ConfigError(f"{key}={value!r} is invalid: use {allowed}")
-    _validate_splits(cfg)
+    """The checks that train, eval and shards share."""
+    for key in (k for k, rule in SCHEMA.items() if rule.check is not None):
+        value = _select(cfg, key)
+        if value is not _ABSENT:
+            check_rule(key, value)
+    val, test = _get(cfg, "data.val_fraction"), _get(cfg, "data.test_fraction")
+    if is_number(val) and is_number(test) and val + test >= 1:
+        raise ConfigError(
+            f"data.val_fraction={val} + data.test_fraction={test} leaves no training data: "
+            "keep their sum below 1"
+        )
     _validate_strategy(cfg)
     validate_devices(cfg)
     validate_writable(cfg)
 
 
-# --- The trust boundary -------------------------------------------------------------------------------
-# The command line, the repository's conf/ (conf/local/ included) and the environment are code the user
-# runs, as the .py files beside them are: they may name any class, Hydra's plugins included. What a run did
-# not write for itself is data: a checkpoint from elsewhere (its stored configs and hyperparameters),
-# summary.json and run.json, shard metadata, downloads, image folders. Data never chooses what code runs: a
-# `_target_` read from it must be a class that a yaml file of conf/ names, or it is refused in one line.
+# --- The trust boundary (docs/resilience.md): the command line and conf/ are code the user runs; data (a
+# checkpoint from elsewhere) never chooses what code runs: it may name only a class that conf/ names.
 
 
-def conf_targets(conf_dirs: Sequence[Path] = CONF_DIRS) -> frozenset[str]:
+def conf_targets() -> frozenset[str]:
     """Every class named by `_target_` in the project's `conf/` or the engine's groups (exact names, block or
     flow style): what data (a checkpoint) may name beside the repository's own models and data sets."""
     import yaml
 
     found: set[str] = set()
-    for path in (p for d in conf_dirs for p in d.rglob("*.yaml")):
+    for path in (p for d in CONF_DIRS for p in d.rglob("*.yaml")):
         try:
             tree = yaml.safe_load(path.read_text())
         except yaml.YAMLError:
@@ -211,10 +229,9 @@ def _repository_class(target: str, prefixes: tuple[str, ...]) -> bool:
 def check_data_targets(node: Any, where: str) -> None:
     """Refuse, in one line, a `_target_` in data (`where`: a checkpoint's config or hyperparameters) that no
     conf/ yaml names and that is no model, net or data set of the repository's own `models/` and `data/`."""
-    container = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
     known = conf_targets()
     prefixes = user_packages(known)
-    for key, target in _targets(container, ""):
+    for key, target in _targets(plain(node), ""):
         if not isinstance(target, str) or not (target in known or _repository_class(target, prefixes)):
             raise ConfigError(
                 f"{where} names {key}._target_={target}, a class that no yaml file of conf/ names: data "
@@ -223,20 +240,13 @@ def check_data_targets(node: Any, where: str) -> None:
             )
 
 
-def _targets(node: Any, path: str, keys: Sequence[str] = ("_target_",)) -> list[tuple[str, Any]]:
-    """(where, value) of every `keys` entry in a container, `where` naming the key itself but for
-    `_target_` (its node)."""
-    found: list[tuple[str, Any]] = []
-    if isinstance(node, dict):
-        for key in keys:
-            if key in node:
-                where = path.rstrip(".") if key == "_target_" else f"{path}{key}"
-                found.append((where or "<root>", node[key]))
-        for key, value in node.items():
-            found += _targets(value, f"{path}{key}.", keys)
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            found += _targets(value, f"{path}{i}.", keys)
+def _targets(node: Any, path: str) -> list[tuple[str, Any]]:
+    """(the node's dotted path, the value) of every `_target_` in a container."""
+    has = isinstance(node, dict) and "_target_" in node
+    found: list[tuple[str, Any]] = [(path.rstrip(".") or "<root>", node["_target_"])] if has else []
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in children:
+        found += _targets(value, f"{path}{key}.")
     return found
 
 
@@ -255,11 +265,7 @@ def _validate_strategy(cfg: DictConfig) -> None:
     from lightning.pytorch.strategies import StrategyRegistry
 
     strategy = OmegaConf.select(cfg, "trainer.strategy", default="auto")
-    if (
-        isinstance(strategy, str)
-        and strategy != "auto"
-        and strategy not in StrategyRegistry.available_strategies()
-    ):
+    if isinstance(strategy, str) and strategy not in ("auto", *StrategyRegistry.available_strategies()):
         raise ConfigError(
             f"trainer.strategy={strategy} is not a Lightning strategy: use auto, ddp, ddp_spawn, fsdp, "
             "deepspeed or another name in lightning.pytorch.strategies.StrategyRegistry (or trainer=ddp)"
@@ -270,15 +276,6 @@ def _validate_strategy(cfg: DictConfig) -> None:
         raise ConfigError(
             "trainer=fsdp needs GPUs (Lightning 2.6 refuses FSDP on a CPU): on a CPU use trainer=ddp_cpu, "
             "with trainer.strategy._target_=lightspeed.resilience.sharded.DDPStrategy for sharded checkpoints"
-        )
-
-
-def _validate_splits(cfg: DictConfig) -> None:
-    val, test = _get(cfg, "data.val_fraction"), _get(cfg, "data.test_fraction")
-    if is_number(val) and is_number(test) and val + test >= 1:
-        raise ConfigError(
-            f"data.val_fraction={val} + data.test_fraction={test} leaves no training data: "
-            "keep their sum below 1"
         )
 
 
@@ -300,28 +297,17 @@ def validate_devices(cfg: DictConfig) -> None:
                 f"trainer.devices={devices} but only {available} GPU(s) are visible: use at most {available}"
             )
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if (
-        on_cpu
-        and devices is not None
-        and not is_int(devices)
-        and not re.fullmatch(r"auto|-?\d+", str(devices))
-    ):
+    if on_cpu and devices is not None and not re.fullmatch(r"auto|-?\d+", str(devices)):
         raise ConfigError(
             f"trainer.devices={devices} lists device indices, but this run is on the CPU: use a count of "
             "processes (trainer.devices=1; trainer=ddp_cpu for two)"
         )
-    if is_int(devices) and (devices == 0 or devices < -1):
-        raise ConfigError(f"trainer.devices={devices} is invalid: use a count >= 1, -1 for all, or auto")
 
 
 def flat_keys(node: Any, prefix: str = "") -> list[str]:
     """Every dotted key of a config container, parents included."""
-    keys: list[str] = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            keys.append(f"{prefix}{key}")
-            keys += flat_keys(value, f"{prefix}{key}.")
-    return keys
+    items = node.items() if isinstance(node, dict) else ()
+    return [k for key, value in items for k in (f"{prefix}{key}", *flat_keys(value, f"{prefix}{key}."))]
 
 
 def flatten(node: Any, sep: str = ".", prefix: str = "") -> dict[str, Any]:
@@ -363,10 +349,8 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
     """A key added at the top level (`+foo=bar`, or `max_steps:` in an experiment file's global package)
     that nothing reads is a mistake: refuse it, naming the closest setting."""
     primary = CONF_DIR / f"{config_name}.yaml"
-    known = set(OmegaConf.load(primary).keys() if primary.is_file() else ()) | {
-        p.name for d in CONF_DIRS for p in d.iterdir() if p.is_dir()
-    }
-    known = known - {"defaults", "hydra"}
+    known = set(OmegaConf.load(primary).keys() if primary.is_file() else ()) | _known_groups()
+    known -= {"defaults", "hydra"}
     check_retired(cfg)
     for key in cfg:
         if key not in known and key != "hydra":
@@ -408,6 +392,29 @@ def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,), named: Sequence[str]
             )
 
 
+def unreadable_yaml(err: Exception, folders: Sequence[Path], named: Sequence[str]) -> str:
+    """The line for a yaml file Hydra could not read (not UTF-8, not YAML: the file is named) or could not
+    use (a defaults list of another shape: Hydra's own words name the option)."""
+    import yaml
+
+    mark = getattr(err, "problem_mark", None)
+    paths = (
+        [Path(mark.name)] if mark is not None and Path(mark.name).is_file() else _yaml_files(folders, named)
+    )
+    for path in paths:
+        try:
+            yaml.compose(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as bad:
+            return f"{path} is not UTF-8 text (byte {bad.start}: {bad.reason}): save it as UTF-8"
+        except yaml.MarkedYAMLError as bad:
+            where = f" at line {bad.problem_mark.line + 1}" if bad.problem_mark is not None else ""
+            return f"{path} is not valid YAML ({bad.problem}{where}): fix it, or move it out of conf/"
+        except (yaml.YAMLError, OSError):
+            continue
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+    return f"{first}: fix that yaml file (a defaults list is a list of group: option lines)"
+
+
 def _known_groups() -> set[str]:
     return {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir()}
 
@@ -438,10 +445,8 @@ def check_type(key: str, value: Any, default: Any) -> None:
     `auto` default has no type; null turns a key off; an interpolation is checked at its target."""
     if isinstance(value, str) and value.startswith("${"):
         return
-    if key in _RULES:
-        ok, allowed = _RULES[key]
-        if not ok(value):
-            raise ConfigError(f"{key}={value!r} is invalid: use {allowed}")
+    if key in SCHEMA and SCHEMA[key].check is not None:
+        check_rule(key, value)
         return
     if default is None or default == "auto" or value is None:
         return
@@ -449,8 +454,7 @@ def check_type(key: str, value: Any, default: Any) -> None:
         for name, inner in value.items():
             check_type(f"{key}.{name}", inner, default.get(name))
         return
-    said = next(s for t, s in _KINDS if isinstance(default, t))
-    types = next(t for t, _ in _KINDS if isinstance(default, t))
+    types, said = next((t, s) for t, s in _KINDS if isinstance(default, t))
     types = (int, float) if types is float else types
     if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):
         raise ConfigError(f"{key}={value!r} is invalid: use {said} (its default is {json.dumps(default)})")
@@ -467,10 +471,17 @@ _KINDS = (
 )
 
 
+def check_rule(key: str, value: Any) -> None:
+    """`value` passes `key`'s check in `schema.SCHEMA`, or one line naming what is allowed."""
+    rule = SCHEMA[key]
+    if rule.check is not None and not rule.check(value):
+        raise ConfigError(f"{key}={value!r} is invalid: use {rule.allowed}")
+
+
 def check_folder_names(cfg: DictConfig) -> None:
     """Each of FOLDER_KEYS, as resolved (with Hydra's node), is one folder's name: no separator, not `.`
     or `..`. (`hydra.output_subdir` may be null: no .hydra folder.)"""
-    ok, allowed = folder_name()
+    ok, allowed = FOLDER_NAME
     for key in FOLDER_KEYS:
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and not ok(value):
@@ -478,20 +489,19 @@ def check_folder_names(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={said!r} (as resolved) is invalid: use {allowed}")
 
 
-def is_group(name: str, conf_dirs: Sequence[Path] = CONF_DIRS) -> bool:
+def is_group(name: str) -> bool:
     """Whether `name` is a config group: a folder of the project's conf/ or of the engine's groups."""
-    return any((d / name).is_dir() for d in conf_dirs)
+    return any((d / name).is_dir() for d in CONF_DIRS)
 
 
-# radon C: the forms of --config-dir, then each unknown option named with its group's
-def check_group_choices(args: Sequence[str], conf_dirs: Sequence[Path] = CONF_DIRS) -> None:
+def check_group_choices(args: Sequence[str]) -> None:
     """Refuse, in one line before Hydra composes, a `group=option` whose option has no file (conf/, the
     engine's groups, a `--config-dir`): Hydra's own message is a dozen lines and exits with 1."""
-    folders = [*conf_dirs, *config_dirs(args)]
+    folders = [*CONF_DIRS, *config_dirs(args)]
     for arg in args:
         # a,b,c: a multirun sweep over options; [a,b]: options of one group at once (logger=[csv,mlflow])
         match = re.fullmatch(r"([A-Za-z_][\w/]*)=\[?([\w.,-]+)\]?", arg)
-        if not match or match[1].startswith("hydra") or not is_group(match[1], conf_dirs):
+        if not match or match[1].startswith("hydra") or not is_group(match[1]):
             continue
         group, value = match.groups()
         choices = sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})

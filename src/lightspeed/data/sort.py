@@ -24,6 +24,21 @@ class SortDataModule(ArrayDataModule):
         self, num_samples: int = 10000, length: int = 8, num_digits: int = 4, data_seed: int = 0, **kwargs
     ) -> None:
         super().__init__(**kwargs)
+        given = {
+            "num_samples": num_samples,
+            "length": length,
+            "num_digits": num_digits,
+            "data_seed": data_seed,
+        }
+        for key, value in given.items():
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < (0 if key == "data_seed" else 1)
+            ):
+                raise ConfigError(
+                    f"data.{key}={value!r} is invalid: a whole number, at least 1 (0 for a seed)"
+                )
         self.num_samples, self.length, self.num_digits, self.data_seed = (
             num_samples,
             length,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightspeed.core.config import ConfigError
 from lightspeed.data.base import ArrayDataModule
 
 
@@ -23,7 +24,9 @@ class SyntheticDataModule(ArrayDataModule):
     ) -> None:
         super().__init__(**loader_args)
         self.num_samples = num_samples
-        self.input_shape = tuple(int(d) for d in shape)
+        if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ConfigError(f"data.shape={shape!r} is invalid: a list of sizes, e.g. [3, 32, 32]")
+        self.input_shape = tuple(shape)
         self.num_classes = num_classes
         self.noise = noise
         self.data_seed = data_seed

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import lightning as L
@@ -19,9 +19,9 @@ SCHEDULERS = ("none", "cosine", "onecycle")
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict[str, Any]) -> torch.optim.Optimizer:
     """`cfg`: `name` (a class in torch.optim), the other keys its arguments."""
-    kwargs = dict(cfg)
-    name = kwargs.pop("name")
-    opt_cls = getattr(torch.optim, name, None)
+    kwargs = _settings(cfg, "optimizer")
+    name = kwargs.pop("name", None)
+    opt_cls = getattr(torch.optim, name, None) if isinstance(name, str) else None
     if not (isinstance(opt_cls, type) and issubclass(opt_cls, torch.optim.Optimizer)):
         raise ConfigError(
             f"model.optimizer.name={name!r} is not an optimizer in torch.optim (e.g. AdamW, SGD)"
@@ -30,6 +30,19 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: dict[str, Any]) -
         return opt_cls(params, **kwargs)
     except TypeError as err:
         raise ConfigError(f"model.optimizer (torch.optim.{name}): {err}: remove or rename that key") from None
+    except (ValueError, IndexError, RuntimeError) as err:  # torch's checks of the values (lr=-1, lr=[1])
+        raise ConfigError(
+            f"model.optimizer (torch.optim.{name}): {err or type(err).__name__}: {kwargs}"
+        ) from None
+
+
+def _settings(cfg: Any, what: str) -> dict[str, Any]:
+    """A copy of model.<what>, which must be a mapping of settings (a yaml file may have made it anything)."""
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(
+            f"model.{what}={cfg!r} is no mapping of settings: give it name: ... and its arguments"
+        )
+    return dict(cfg)
 
 
 def schedule_length(cfg: dict[str, Any], steps: int) -> int:
@@ -47,7 +60,7 @@ def build_scheduler(
 ) -> tuple[torch.optim.lr_scheduler.LRScheduler | None, list[str]]:
     """A schedule stepped once per optimizer step over `steps` steps (`lr`: the peak for onecycle), or
     None for `name: none`; with the keys of `cfg` that this schedule does not take (to be reported)."""
-    kwargs = dict(cfg)
+    kwargs = _settings(cfg, "scheduler")
     kind = kwargs.pop("name", "none")
     if kind == "none":
         return None, []
@@ -61,14 +74,17 @@ def build_scheduler(
     # Keys meant for another schedule (`pct_start` when switching to cosine) are left out.
     accepted = inspect.signature(cls).parameters
     unused = sorted(k for k in kwargs if k not in accepted)
-    return cls(optimizer, **fixed, **{k: v for k, v in kwargs.items() if k in accepted}), unused
+    try:
+        return cls(optimizer, **fixed, **{k: v for k, v in kwargs.items() if k in accepted}), unused
+    except (TypeError, ValueError, ZeroDivisionError) as err:  # torch's checks of the values
+        raise ConfigError(f"model.scheduler (name={kind}): {err or type(err).__name__}: {kwargs}") from None
 
 
 def configure(module: L.LightningModule, optimizer_cfg: dict[str, Any], scheduler_cfg: dict[str, Any]) -> Any:
     """What a LightningModule's `configure_optimizers` returns: the optimizer over its parameters and a
     schedule stepped once per optimizer step, over the run's length as the Trainer estimates it."""
     optimizer = build_optimizer(module.parameters(), optimizer_cfg)
-    kind = scheduler_cfg.get("name", "none")
+    kind = _settings(scheduler_cfg, "scheduler").get("name", "none")
     if kind == "none":
         return optimizer
     steps = module.trainer.estimated_stepping_batches

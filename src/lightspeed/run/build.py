@@ -68,13 +68,32 @@ def instantiate(
             raise ConfigError(
                 said or f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)"
             ) from None
+        # Hydra's own refusal of the node (a `_target_` that is no callable): no constructor ran
+        if cause is None:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ConfigError(f"{where}: {first.rstrip('.')}") from None
         raise
+
+
+def _node(cfg: DictConfig, group: str, kind: str) -> DictConfig:
+    """The group's settings, which must be a mapping naming the class to build in `_target_`."""
+    node = cfg.get(group)
+    if not OmegaConf.is_dict(node) or "_target_" not in node:
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        option = f" ({group}={choices[group]})" if choices.get(group) else ""
+        shape = "a list" if OmegaConf.is_list(node) else "nothing" if node is None else repr(node)[:40]
+        got = "a mapping without one" if OmegaConf.is_dict(node) else shape
+        raise ConfigError(
+            f"{group}{option} names no {kind} to build in _target_ ({got}): its yaml must be a mapping with "
+            f"_target_: <module.Class>, as conf/{group}/*.yaml are"
+        )
+    return node
 
 
 def datamodule(cfg: DictConfig) -> L.LightningDataModule:
     """The configured DataModule; the loader knobs the accel preset sets under `data.` reach it where its
     constructor takes them (one info line names what a DataModule building its own loaders left to them)."""
-    node = cfg.data
+    node = _node(cfg, "data", "LightningDataModule")
     target = _import(node, "data")
     params = inspect.signature(target).parameters.values()
     if not any(p.kind is p.VAR_KEYWORD for p in params):
@@ -111,7 +130,9 @@ def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
     """What only the data knows that the model is built from (the DataModule's `model_args()`: `num_classes`,
     `input_shape`, `vocab_size`, a regressor's target statistics), minus what conf/model sets itself. Passed
     at run time, never via globals; without `model_args()`, nothing."""
-    given = {k: plain(v) for k, v in model_args(dm).items() if k not in cfg.model}
+    given = {
+        k: plain(v) for k, v in model_args(dm).items() if k not in _node(cfg, "model", "LightningModule")
+    }
     if given:
         rank_zero_info(f"model: from the data, {', '.join(f'{k}={_short(v)}' for k, v in given.items())}")
     return given

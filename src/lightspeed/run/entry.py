@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -36,7 +37,9 @@ from lightspeed.core.config import (
     exit_on_config_error,
     flat_keys,
     is_group,
+    plain,
     unknown_key,
+    unreadable_yaml,
 )
 from lightspeed.core.failures import process_group_released
 from lightspeed.core.logs import route_to_run_log
@@ -87,10 +90,14 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
             "the config nests too deeply to compose (a yaml file of nested lists or maps?): flatten it"
         ) from None
     except (_Refused, HydraException, OmegaConfBaseException) as caught:
-        err = caught.error if isinstance(caught, _Refused) else caught
+        err = caught.__cause__ if isinstance(caught, _Refused) else caught
         if started or not isinstance(err, (ConfigError, HydraException, OmegaConfBaseException)):
             raise err from None
         raise err if isinstance(err, ConfigError) else ConfigError(composition_error(err, args)) from None
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as err:  # a yaml file Hydra cannot read or use
+        if started or isinstance(err, ConfigError):
+            raise
+        raise ConfigError(unreadable_yaml(err, [*CONF_DIRS, *config_dirs(args)], args)) from None
     finally:
         GlobalHydra.instance().clear()
 
@@ -110,12 +117,8 @@ def _remove_if_new(folder: Path, job: str) -> None:
 
 
 class _Refused(BaseException):
-    """An error out of a Hydra callback: Hydra turns a callback's Exception into a warning and goes on, a
-    BaseException passes."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
+    """An error out of a Hydra callback (its `__cause__`): Hydra turns a callback's Exception into a warning
+    and goes on, a BaseException passes."""
 
 
 class Checks(Callback):
@@ -123,51 +126,39 @@ class Checks(Callback):
     (each sweep job's), added top-level keys, and command-line values against their defaults' types."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        try:
-            _check(config)
-        except Exception as err:
-            raise _Refused(err) from None
+        _check(config)
         folder = Path(str(config.hydra.run.dir)).resolve()
         (_NEW_FOLDERS.discard if folder.exists() else _NEW_FOLDERS.add)(folder)  # as it is at this start
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        try:
-            _check(config)
-            _check_swept_folder_names(config)
-        except Exception as err:
-            raise _Refused(err) from None
-
-
-def _check_swept_folder_names(config: DictConfig) -> None:
-    """Each job's names that become folders, as that job resolves them."""
-    for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
-        if override.is_sweep_override() and override.key_or_group in FOLDER_KEYS:
-            for value in override.sweep_string_iterator():
-                job = copy.deepcopy(config)
-                with read_write(job), open_dict(job):
-                    OmegaConf.update(job, override.key_or_group, value)
-                check_folder_names(job)
+        _check(config)
 
 
 def _check(config: DictConfig) -> None:
-    check_folder_names(config)
-    check_known_keys(config, str(config.hydra.job.config_name))
-    defaults = _Defaults(config)
-    for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
-        key = override.key_or_group
-        if override.is_sweep_override() or override.is_delete() or key.startswith("hydra") or is_group(key):
-            continue  # a swept value is checked by its job; an option is a file Hydra found
-        value = OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
-        check_type(key, _plain(value), defaults.get(key))
-
-
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=False) if OmegaConf.is_config(value) else value
+    try:
+        check_folder_names(config)
+        check_known_keys(config, str(config.hydra.job.config_name))
+        defaults = _Defaults(config)
+        for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
+            key = override.key_or_group
+            if override.is_sweep_override():  # its value is checked by each job; its folder names here
+                for value in override.sweep_string_iterator() if key in FOLDER_KEYS else ():
+                    job = copy.deepcopy(config)
+                    with read_write(job), open_dict(job):
+                        OmegaConf.update(job, key, value)
+                    check_folder_names(job)
+                continue
+            if override.is_delete() or key.startswith("hydra") or is_group(key):
+                continue  # an option is a file Hydra found
+            value = OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
+            check_type(key, plain(value), defaults.get(key))
+    except Exception as err:
+        raise _Refused(str(err)) from err
 
 
 class _Defaults:
-    """A key's default as the chosen options' files say it (experiment, then its group's option, then the
-    primary config), read as plain yaml rather than composed again: the type a command-line value keeps."""
+    """A key's default as the chosen options' files say it (experiment, its group's option, the primary
+    config), read as plain yaml rather than composed again: the type a command-line value keeps."""
 
     def __init__(self, config: DictConfig) -> None:
         runtime = config.hydra.runtime
@@ -176,12 +167,12 @@ class _Defaults:
         self.primary = f"{config.hydra.job.config_name}.yaml"
 
     def _load(self, name: str) -> tuple[Any, bool]:
-        """The first file `name` of the search path, as written (interpolations unresolved), and whether
-        its package is `_global_` (its keys are full keys); (None, False) where there is none."""
+        """The first file `name` of the search path as written, and whether its keys are full keys (its
+        package is `_global_`); (None, False) where there is none."""
         for folder in self.folders:
             if (folder / name).is_file():
                 text = (folder / name).read_text()
-                return _plain(OmegaConf.create(text)), text.lstrip().startswith("# @package _global_")
+                return plain(OmegaConf.create(text)), text.lstrip().startswith("# @package _global_")
         return None, False
 
     def _options(self, group: str, option: str) -> list[str]:
@@ -282,13 +273,11 @@ def _known_near(key: str, cause: BaseException | None) -> list[str]:
     carries it), and those that any option file of its group gives."""
     node = getattr(cause, "parent_node", None)
     where = str(getattr(cause, "full_key", key)).rpartition(".")[0]
-    known = flat_keys(_plain(node), f"{where}." if where else "") if OmegaConf.is_config(node) else []
+    known = flat_keys(plain(node), f"{where}." if where else "") if OmegaConf.is_config(node) else []
     known = [k for k in known if k.partition(".")[0] != "hydra"]
     group = key.partition(".")[0]
-    for folder in CONF_DIRS:
-        for path in sorted((folder / group).glob("*.yaml")) if is_group(group) else []:
-            known += flat_keys(_plain(OmegaConf.load(path)), f"{group}.")
-    return known
+    paths = [p for d in CONF_DIRS for p in sorted((d / group).glob("*.yaml"))] if is_group(group) else []
+    return known + [k for path in paths for k in flat_keys(plain(OmegaConf.load(path)), f"{group}.")]
 
 
 def compose_config(config_name: str, overrides: list[str], log_dir: Path) -> DictConfig:

@@ -10,7 +10,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.core.config import ConfigError, locate
 
@@ -45,8 +45,8 @@ def direction(metric: str) -> str | None:
 def declared(cfg: DictConfig) -> dict[str, Any] | None:
     """The model class's own `monitor` (`{"metric": ..., "mode": ...}`), or None."""
     node = cfg.get("model")
-    if node is None or "_target_" not in node:
-        return None
+    if not OmegaConf.is_dict(node) or "_target_" not in node:
+        return None  # building the model says why, in its own line
     try:
         found = getattr(locate(str(node._target_)), "monitor", None)
     except (ImportError, ValueError, AttributeError):

@@ -108,8 +108,9 @@ def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
     on the CPU, where torch's loop spends most of a small model's optimizer step in Python (3-7x slower,
     docs/performance.md), torch elsewhere."""
     impl = str(cfg.get("accel", {}).get("optimizer_impl", "torch"))
-    opt = cfg.get("model", {}).get("optimizer")  # eval builds none; a module of your own may make its own
-    if impl == "torch" or not opt or "name" not in opt:
+    model = cfg.get("model")  # eval builds no optimizer; a module of your own may make its own
+    opt = model.get("optimizer") if OmegaConf.is_dict(model) else None
+    if impl == "torch" or not OmegaConf.is_dict(opt) or "name" not in opt:
         if impl not in ("torch", "auto") and "model" in cfg:
             return [f"accel.optimizer_impl={impl} (model.optimizer names no torch.optim class)"]
         return []
@@ -199,7 +200,7 @@ def apply_to_model(cfg: DictConfig, model: L.LightningModule) -> None:
         # prefix), so checkpoints load into compiled and uncompiled models alike; and the steps around it
         # stay eager (under DDP Lightning calls the whole module, step, self.log and metric updates
         # included, whose changing values would recompile every step).
-        mode = None if accel.compile_mode == "default" else accel.compile_mode
+        mode = None if accel.get("compile_mode", "default") == "default" else accel.compile_mode
         model.forward = torch.compile(model.forward, mode=mode, backend=backend)
 
 

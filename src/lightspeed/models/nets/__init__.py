@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hydra.utils import get_object
@@ -54,6 +54,10 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
     """`spec` is the `net:` block of `conf/model/*.yaml`: `{"name": ..., **kwargs}` for a registered net,
     or `{"_target_": ..., **kwargs}` for any nn.Module class. `given`: what the model knows from the data,
     passed where the constructor takes it (a key set in `spec` wins)."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            f"model.net={spec!r} is no mapping: give it name: <a net> (or _target_) and its settings"
+        )
     kwargs = dict(spec)
     if "_target_" in kwargs:
         target = kwargs.pop("_target_")
