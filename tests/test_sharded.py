@@ -281,3 +281,62 @@ def test_a_killed_run_resumes_from_its_sharded_checkpoint(tmp_path: Path, strate
     assert final["cut"]["global_step"] == final["whole"]["global_step"] == 10
     for key, value in final["whole"]["state_dict"].items():
         assert torch.equal(final["cut"]["state_dict"][key], value), key
+
+
+#: What a disk, an editor or an attacker might leave of a file of a sharded checkpoint's folder.
+_FILE_CHANGES = ("empty", "torn", "flipped", "deleted", "a folder", "another file's bytes")
+#: What an entry of meta.pt might become (saved again as plain data).
+_HOSTILE = [None, "", "x" * 10_000, -1, 10**30, float("nan"), [], {}, {"a": [1, None]}, True]
+_SHARDED_CASES = [(f, c) for f in ("meta.pt", ".metadata", "shard") for c in _FILE_CHANGES] + [
+    ("meta.pt entry", str(i)) for i in range(12)
+]
+
+
+def _mutate_sharded(folder: Path, target: str, change: str) -> None:
+    """One file of the folder changed as `change` says, or one entry of meta.pt replaced (drawn, seeded)."""
+    if target == "meta.pt entry":
+        import random
+
+        meta = torch.load(folder / sharded.META, weights_only=True)
+        rng = random.Random(int(change))
+        key = rng.choice(sorted(meta))
+        meta[key] = rng.choice(_HOSTILE)
+        if key != checkpoint.CHECKSUM_KEY:  # re-signed, as one who knows the format would: the reads meet it
+            meta[checkpoint.CHECKSUM_KEY] = checkpoint.checksum(meta)
+        torch.save(meta, folder / sharded.META)
+        return
+    path = next(folder.glob("*.distcp")) if target == "shard" else folder / target
+    data = path.read_bytes()
+    if change == "deleted" or change == "a folder":
+        path.unlink()
+        if change == "a folder":
+            path.mkdir()
+        return
+    other = next(p for p in folder.iterdir() if p.is_file() and p != path).read_bytes()
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0xFF
+    path.write_bytes(
+        {"empty": b"", "torn": data[: len(data) // 2], "flipped": bytes(flipped)}.get(change, other)
+    )
+
+
+@pytest.mark.parametrize(("target", "change"), _SHARDED_CASES, ids=[f"{t}-{c}" for t, c in _SHARDED_CASES])
+def test_a_mutated_sharded_checkpoint_is_passed_over_loaded_or_one_line(
+    target, change, sharded_run, train_cfg, capsys
+) -> None:
+    """Each file of last.ckpt's folder torn, emptied, flipped, deleted, replaced by a folder or another file's
+    bytes, or an entry of meta.pt given a hostile value: eval's load of it and a rerun's resume end in a
+    result (the resume passing over it, or loading it whole) or one line, never a traceback (issue 32)."""
+    from test_fuzz_records import outcome
+
+    run, _ = sharded_run
+    last = run / "checkpoints" / "last.ckpt"
+    _mutate_sharded(last, target, change)
+    capsys.readouterr()
+    eval_cfg = compose_config("eval", [f"ckpt_path={last}"], run.parent.parent.parent)
+    rerun = train_cfg(*TINY, *SHARDED, "run_name=test", f"paths.output_dir={run}")
+    for read in (lambda: load_module(eval_cfg), lambda: resume.start(rerun)):
+        try:
+            outcome(read, capsys)
+        except AssertionError as failed:
+            raise AssertionError(f"{target} {change}: {failed}") from None

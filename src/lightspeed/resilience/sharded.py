@@ -201,7 +201,7 @@ def problem(folder: Path) -> str | None:
     if present != set(listed):
         return f"its files changed since it was written (missing or added: {sorted(present ^ set(listed))})"
     for name, crc in listed.items():
-        if _crc32(folder / name) != crc:
+        if not (folder / name).is_file() or _crc32(folder / name) != crc:  # a folder in its place too
             return f"its file {name} no longer matches its checksum (corrupted on disk?)"
     try:
         _stored_keys(folder)
