@@ -38,6 +38,7 @@ def _summary(run_dir: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+# radon C: a row per run, a column per metric, each cell absent or formatted
 def table(runs: dict[str, dict[str, Any]]) -> Table:
     """One row a run: its monitored metric at the best checkpoint, its test metrics, steps and seconds."""
     names = {k for s in runs.values() for k in s.get("metrics", {})}

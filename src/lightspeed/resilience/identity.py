@@ -117,6 +117,7 @@ def write_record(run_dir: Path, ident: dict[str, Any], adopted: bool = False) ->
     write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
 
 
+# radon C: a torn or foreign run.json, this attempt's entry found or added, rank 0 only
 def add_fit_seconds(run_dir: Path, seconds: float) -> float:
     """Keep this attempt's fit time in run.json (rank 0 writes) and return the run's total over its
     attempts: a resumed or rerun run adds to its time, never replaces it. A run that adds no attempt (a

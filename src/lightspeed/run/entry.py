@@ -58,6 +58,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
     return main
 
 
+# radon C: one except per way a composition fails (too deep, Hydra's, a yaml it cannot read)
 def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
     """Run `task` as `python -m lightspeed.<config_name> <sys.argv>` does: what Hydra or `Checks` refuse
     before the task starts is a ConfigError of one line; an error after that is the task's own."""

@@ -75,6 +75,7 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
     return ckpt, stored, model
 
 
+# radon C: the command line's class, or the checkpoint's after the trust check of each _target_
 def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L.LightningModule]:
     """The LightningModule class that trained the checkpoint: `module` when given (the command line, code the
     user runs), else the one its run's config names (`model._target_`: data, so only a class conf/ names),
