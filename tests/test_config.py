@@ -137,3 +137,28 @@ def test_eval_checks_the_shared_settings_too(eval_cfg) -> None:
 
     with pytest.raises(ConfigError, match=r"^data\.batch_size=0 is invalid"):
         validate_common(eval_cfg("data.batch_size=0"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            ["seed=${nope}"],
+            r"^seed cannot be read \(Interpolation key 'nope' not found\): fix the \$\{\.\.\.\}",
+        ),
+        (
+            ["model.optimizer.lr=${oc.env:UNSET_FOR_THE_TEST}"],
+            r"^model\.optimizer\.lr cannot be read \(.*UNSET",
+        ),
+        (
+            ["~model.optimizer", "+model.optimizer=[1]"],
+            r"^model\.optimizer=\[1\] is no mapping of settings \(list\), but model\.optimizer\.\w+",
+        ),
+    ],
+)
+def test_a_reference_that_cannot_resolve_or_a_node_of_another_shape_is_one_line(
+    train_cfg, overrides, said
+) -> None:
+    """Each named for what it is (a second reading found the first said "another shape" for both)."""
+    with pytest.raises(ConfigError, match=said):
+        validate_train(train_cfg(*overrides))

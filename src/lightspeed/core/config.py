@@ -147,20 +147,25 @@ def check_checkpoint_path(path: Path, other: str = "") -> None:
 
 def _select(cfg: DictConfig, key: str) -> Any:
     """The key's value, or _ABSENT; one line where a node on its path is no mapping (a yaml file made
-    `model` a list, say), where OmegaConf would raise its own error."""
+    `model` a list, say) or its value's `${...}` cannot be resolved, where OmegaConf would raise its own."""
     try:
         return OmegaConf.select(cfg, key, default=_ABSENT)
-    except (OmegaConfBaseException, ValueError):
-        node, path = cfg, []
+    except (OmegaConfBaseException, ValueError) as err:
+        node, path = OmegaConf.to_container(cfg, resolve=False), []
         for part in key.split(".")[:-1]:
-            path.append(part)
-            node = node.get(part) if OmegaConf.is_dict(node) else node
-            if not OmegaConf.is_dict(node):
+            if not isinstance(node, dict) or part not in node:
                 break
-        where, got = ".".join(path), plain(node)
+            node, path = node[part], [*path, part]
+        if path and not isinstance(node, dict):
+            where = ".".join(path)
+            raise ConfigError(
+                f"{where}={str(node)[:60]} is no mapping of settings ({type(node).__name__}), but {key} "
+                f"belongs in it: a yaml file or a value gave {where} another shape; give it its settings as "
+                "key: value lines"
+            ) from None
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(
-            f"{where}={str(got)[:60]} is no mapping of settings ({type(got).__name__}), but {key} belongs in "
-            f"it: a yaml file or a value gave {where} another shape; give it its settings as key: value lines"
+            f"{key} cannot be read ({first}): fix the ${{...}} in its value, or set it"
         ) from None
 
 

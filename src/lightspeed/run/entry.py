@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,11 +97,30 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
             raise err from None
         raise err if isinstance(err, ConfigError) else ConfigError(composition_error(err, args)) from None
     except (yaml.YAMLError, UnicodeDecodeError, ValueError) as err:  # a yaml file Hydra cannot read or use
-        if started or isinstance(err, ConfigError):
+        stage = None if started or isinstance(err, ConfigError) else _composing(err)
+        if stage is None:
             raise
+        if stage == "overrides":
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ConfigError(
+                f"the command line's values cannot be applied ({first}): one of them goes under a node that "
+                "the chosen yaml files make a list or a plain value; check those files, or drop that value"
+            ) from None
         raise ConfigError(unreadable_yaml(err, [*CONF_DIRS, *config_dirs(args)], args)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def _composing(err: BaseException) -> str | None:
+    """Where in Hydra's composition `err` came from: "files" (reading a yaml file, or Hydra's config
+    repository checking a defaults list), "overrides" (applying the command line's values), else None (another
+    part of Hydra, a plugin: its own traceback)."""
+    if isinstance(err, (yaml.YAMLError, UnicodeDecodeError)):
+        return "files"
+    names = {Path(frame.filename).name for frame in traceback.extract_tb(err.__traceback__)}
+    if names & {"config_repository.py", "defaults_list.py"}:
+        return "files"
+    return "overrides" if "config_loader_impl.py" in names else None
 
 
 #: The run folders that did not exist when `Checks` saw the run start: Hydra made them for this run.

@@ -159,10 +159,18 @@ def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
     ]
     for (name, node), logger in zip(nodes, loggers, strict=False):  # built in this order
         if not isinstance(logger, MLFlowLogger):
-            with exit_on_config_error(), _store_answers(name, node):  # W&B's first request: before training
+            reaching = (
+                _store_answers(name, node, "W&B")
+                if isinstance(logger, WandbLogger)
+                else contextlib.nullcontext()
+            )
+            with exit_on_config_error(), reaching:  # W&B's first request: before training
                 logger.log_hyperparams(config)
             continue
-        with exit_on_config_error(), _store_answers(name, node):  # MLflow's first request: before training
+        with (
+            exit_on_config_error(),
+            _store_answers(name, node, "MLflow"),
+        ):  # its first request: before training
             kept = logger.experiment.get_run(logger.run_id).data.params
         flat = flatten(config, "/")  # as Lightning's loggers flatten it
         changed = sorted(k for k, v in flat.items() if k in kept and kept[k] != str(v)[:250])
@@ -176,7 +184,7 @@ def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
 
 
 @contextlib.contextmanager
-def _store_answers(name: str, node: dict[str, Any]) -> Iterator[None]:
+def _store_answers(name: str, node: dict[str, Any], kind: str) -> Iterator[None]:
     """MLflow's or W&B's failure to reach or use its store (a server that is down or never answers, a
     `databricks` URI without credentials) as one line, after the waits MLFLOW_WAITS bounds (W&B's own
     init_timeout, 90 s, bounds its)."""
@@ -189,12 +197,12 @@ def _store_answers(name: str, node: dict[str, Any]) -> Iterator[None]:
         # the reason inside the text of requests' and urllib3's nested errors
         reason = re.search(r"\[Errno -?\d+\] [^'\")]*|Read timed out|timed out", said)
         cause = reason.group(0) if reason else (said.splitlines() or [type(err).__name__])[0][:200]
-        if "tracking_uri" not in node:
+        if kind == "W&B":
             raise ConfigError(
                 f"logger.{name}: W&B cannot log ({cause}): check the network and WANDB_BASE_URL, or log "
                 f"offline (logger.{name}.offline=true; `wandb sync` later), or logger=csv"
             ) from None
-        uri = node["tracking_uri"]
+        uri = node.get("tracking_uri")
         raise ConfigError(
             f"logger.{name}.tracking_uri={uri}: MLflow cannot log there ({cause}): start that server, set "
             f"logger.{name}.tracking_uri (or MLFLOW_TRACKING_URI) to one that answers, or log locally: "
