@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, exit_on_config_error
+from lightspeed.core.config import ConfigError, exit_on_config_error, first_line
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.run.entry import hydra_entry
 from lightspeed.run.restore import load_module
@@ -96,7 +96,7 @@ def _exported(what: str, model: L.LightningModule, build: Callable[[], Any]) -> 
     try:
         return build()
     except Exception as err:  # any exporter error: one line; the cause is chained
-        cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        cause = first_line(err)
         raise ConfigError(
             f"{what} could not export {type(model).__name__}: {type(err).__name__}: {cause[:300]} "
             "(formats=... leaves that format out)"

@@ -30,6 +30,11 @@ class ConfigError(ValueError):
     """A setting has a value Lightspeed cannot run with; the message names the key and the fix."""
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (its type's name if empty): what a one-line error quotes."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 @contextmanager
 def exit_on_config_error() -> Iterator[None]:
     """Turn a ConfigError into one line on stderr and exit code 2, instead of a traceback."""
@@ -163,7 +168,7 @@ def _select(cfg: DictConfig, key: str) -> Any:
                 f"belongs in it: a yaml file or a value gave {where} another shape; give it its settings as "
                 "key: value lines"
             ) from None
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = first_line(err)
         raise ConfigError(
             f"{key} cannot be read ({first}): fix the ${{...}} in its value, or set it"
         ) from None
@@ -416,7 +421,7 @@ def unreadable_yaml(err: Exception, folders: Sequence[Path], named: Sequence[str
             return f"{path} is not valid YAML ({bad.problem}{where}): fix it, or move it out of conf/"
         except (yaml.YAMLError, OSError):
             continue
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+    first = first_line(err).rstrip(".")
     return f"{first}: fix that yaml file (a defaults list is a list of group: option lines)"
 
 

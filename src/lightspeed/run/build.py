@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightspeed import CONF_DIR
 from lightspeed.compat import hooks
 from lightspeed.compat.callbacks import ModelCheckpoint
-from lightspeed.core.config import ConfigError, locate
+from lightspeed.core.config import ConfigError, first_line, locate
 from lightspeed.models import nets
 from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import identity, resume
@@ -63,14 +63,14 @@ def instantiate(
             raise cause from None
         binding = isinstance(cause, TypeError) and _BINDING.search(str(cause))
         if isinstance(cause, (MisconfigurationException, ImportError)) or binding:
-            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            first = first_line(cause)
             said = explain(first) if binding and explain is not None else None
             raise ConfigError(
                 said or f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)"
             ) from None
         # Hydra's own refusal of the node (a `_target_` that is no callable): no constructor ran
         if cause is None:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            first = first_line(err)
             raise ConfigError(f"{where}: {first.rstrip('.')}") from None
         raise
 
@@ -130,9 +130,8 @@ def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
     """What only the data knows that the model is built from (the DataModule's `model_args()`: `num_classes`,
     `input_shape`, `vocab_size`, a regressor's target statistics), minus what conf/model sets itself. Passed
     at run time, never via globals; without `model_args()`, nothing."""
-    given = {
-        k: plain(v) for k, v in model_args(dm).items() if k not in _node(cfg, "model", "LightningModule")
-    }
+    own = _node(cfg, "model", "LightningModule")  # what conf/model sets itself
+    given = {k: plain(v) for k, v in model_args(dm).items() if k not in own}
     if given:
         rank_zero_info(f"model: from the data, {', '.join(f'{k}={_short(v)}' for k, v in given.items())}")
     return given
@@ -256,7 +255,7 @@ def check_inputs_fit(cfg: DictConfig, given: dict[str, Any]) -> None:
         with torch.no_grad():
             probe.eval()(example.to("meta"))
     except Exception as err:  # one not about shapes (an op the meta device lacks): training will tell
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = first_line(err)
         if isinstance(err, RuntimeError) and _SHAPE_ERROR.search(first):
             _refuse(shape if shape is not None else list(example.shape[1:]), first)
 

@@ -36,6 +36,7 @@ from lightspeed.core.config import (
     check_yaml_sizes,
     config_dirs,
     exit_on_config_error,
+    first_line,
     flat_keys,
     is_group,
     plain,
@@ -101,7 +102,7 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
         if stage is None:
             raise
         if stage == "overrides":
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            first = first_line(err)
             raise ConfigError(
                 f"the command line's values cannot be applied ({first}): one of them goes under a node that "
                 "the chosen yaml files make a list or a plain value; check those files, or drop that value"

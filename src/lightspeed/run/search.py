@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.core.config import CONFIG_ERROR_EXIT, ConfigError
+from lightspeed.core.config import CONFIG_ERROR_EXIT, ConfigError, first_line
 from lightspeed.core.failures import TRAINING_FAILURE_EXIT
 from lightspeed.core.files import write_text_atomically
 
@@ -191,7 +191,7 @@ def _study_file(folder: Path) -> Iterator[None]:
     except Exception as err:  # SQLAlchemy's, Optuna's, and what its decoding of edited rows raises
         if isinstance(err, ConfigError):
             raise
-        cause = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        cause = first_line(err)[:200]
         raise ConfigError(
             f"hparams_search: {folder / 'study.db'} is not a study this search can continue ({cause}): move "
             "it away to start the search anew, or run_name=<new name>"

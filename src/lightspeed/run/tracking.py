@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, open_dict
 
-from lightspeed.core.config import ConfigError, exit_on_config_error, flatten, locate
+from lightspeed.core.config import ConfigError, exit_on_config_error, first_line, flatten, locate
 from lightspeed.core.files import read_json, write_text_atomically
 
 TRACKING_FILE = "tracking.json"
@@ -196,7 +196,7 @@ def _store_answers(name: str, node: dict[str, Any], kind: str) -> Iterator[None]
         said = str(err).strip()
         # the reason inside the text of requests' and urllib3's nested errors
         reason = re.search(r"\[Errno -?\d+\] [^'\")]*|Read timed out|timed out", said)
-        cause = reason.group(0) if reason else (said.splitlines() or [type(err).__name__])[0][:200]
+        cause = reason.group(0) if reason else first_line(err)[:200]
         if kind == "W&B":
             raise ConfigError(
                 f"logger.{name}: W&B cannot log ({cause}): check the network and WANDB_BASE_URL, or log "

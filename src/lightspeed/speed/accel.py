@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lightspeed.core.config import first_line
 from lightspeed.core.device import can_flush, cpu_count, skip_repeated_cuda_probe, thread_modes
 from lightspeed.core.schema import SCHEMA
 
@@ -224,7 +225,7 @@ def compile_problem(backend: str, device: str) -> str | None:
         fn = torch.compile(lambda x: torch.relu(x) * 2, backend=backend)
         fn(torch.ones(8, device=target))
     except Exception as err:  # any failure means: do not compile
-        return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        return first_line(err)[:200]
     return None
 
 
