@@ -183,3 +183,40 @@ def test_the_rich_bar_names_its_epochs_in_one_method_and_the_mixin_drops_a_negat
     assert bar._get_train_description(93).strip() == "Epoch 93"
     bar._trainer = SimpleNamespace(max_epochs=20)
     assert bar._get_train_description(3).strip() == "Epoch 3/19"
+
+
+PROMPT_STOP = """
+import sys
+sys.path.insert(0, {tests!r})
+import lightning as L
+from test_compat import Tiny
+from lightspeed.speed.progress import ProgressBar
+
+class Seen(ProgressBar):
+    def on_train_start(self, trainer, pl_module):
+        super().on_train_start(trainer, pl_module)
+        print("thread", type(self.progress.live._refresh_thread).__name__)
+
+bar = Seen(refresh_rate=0.001)  # 1,000 s between refreshes: a stop that waits out the sleep hangs
+trainer = L.Trainer(
+    accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False, callbacks=[bar]
+)
+trainer.fit(Tiny())
+print("stopped")
+"""
+
+
+def test_the_rich_bar_stops_at_once_however_long_its_refresh_interval() -> None:
+    """Lightning 2.6's refresh thread sleeps out its interval and the bar's stop joins it (up to 0.25 s at
+    each fit's end); `callbacks.PromptStop` swaps in a thread that wakes when told to stop."""
+    from pathlib import Path
+
+    script = PROMPT_STOP.format(tests=str(Path(__file__).parent))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(broken("a bar whose stop returns at once", "callbacks.PromptStop"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "thread _WakingRefresh" in done.stdout and "stopped" in done.stdout, done.stdout[-2000:]

@@ -9,10 +9,10 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 from torch import Tensor
 
-from lightspeed.compat.callbacks import EpochOfNoLimit
+from lightspeed.compat.callbacks import EpochOfNoLimit, PromptStop
 
 
-class ProgressBar(EpochOfNoLimit, RichProgressBar):
+class ProgressBar(PromptStop, EpochOfNoLimit, RichProgressBar):
     """Advances the bar at most `refresh_rate` times a second and shows the training metrics as of the last
     logging step (every `trainer.log_every_n_steps`), each epoch's first and last batch. Lightning 2.6's
     RichProgressBar updates every step and reads every metric with `.item()` (on a GPU, a wait for all queued
