@@ -54,6 +54,35 @@ def test_a_resume_from_a_checkpoint_older_than_the_last_points_drops_the_points_
     assert points["val/acc"] == [[4, 0.5]] and "epoch" not in points
 
 
+def test_points_are_written_on_a_cadence_with_each_checkpoint_and_at_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning saves every logger after each logging step: the points go to disk at most every
+    SAVE_EVERY_S then, and at once with a checkpoint (a resume from it finds them) and at the end."""
+    from lightspeed.report import curves
+
+    clock = [100.0]
+    monkeypatch.setattr(curves.time, "monotonic", lambda: clock[0])
+    logger = curves.CurvesLogger(tmp_path)
+
+    def step(n: int) -> list[float]:
+        logger.log_metrics({"train/loss": 1.0 / (n + 1)}, step=n)
+        logger.save()
+        clock[0] += 1.0
+        return [s for s, _ in load(tmp_path).get("train/loss", [])]
+
+    assert step(0) == [0]  # the first point at once
+    assert step(1) == [0] and step(2) == [0]  # then not at each step
+    logger.after_save_checkpoint(None)
+    assert step(3) == [0, 1, 2]  # the checkpoint's points kept with it
+    for n in range(4, 3 + int(curves.SAVE_EVERY_S)):
+        assert step(n) == [0, 1, 2]
+    assert step(3 + int(curves.SAVE_EVERY_S))[-1] == 3 + curves.SAVE_EVERY_S  # the cadence's write
+    logger.log_metrics({"train/loss": 0.01}, step=99)
+    logger.finalize("success")
+    assert load(tmp_path)["train/loss"][-1] == [99.0, 0.01]
+
+
 def test_curves_false_draws_nothing(train_cfg, run_dir: Path) -> None:
     train(train_cfg(*TINY, "trainer.max_epochs=1", "curves=false", "test_after_fit=false"))
     assert not (run_dir / CURVES_FILE).exists() and not (run_dir / PICTURE_FILE).exists()

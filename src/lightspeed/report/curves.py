@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from lightspeed.report import figures
 
 CURVES_FILE = "curves.json"
 PICTURE_FILE = "curves.png"
+SAVE_EVERY_S = 10.0  # between writes at logging steps; each checkpoint and the end write at once
 
 
 def load(run_dir: Path) -> dict[str, list[list[float]]]:
@@ -42,7 +44,7 @@ class CurvesLogger(Logger):
         super().__init__()
         self.run_dir, self.monitor = Path(run_dir), monitor
         self.points: dict[str, list[list[float]]] = {}
-        self._started, self._failed = False, False
+        self._started, self._failed, self._written = False, False, float("-inf")
 
     @property
     def name(self) -> str:
@@ -74,20 +76,33 @@ class CurvesLogger(Logger):
 
     @rank_zero_only
     def save(self) -> None:
-        """After each logging step: keep the points, whole or not at all. A failed write (a full disk) is one
-        warning, not the run's end: its checkpoint write fails too, with the error that matters."""
+        """Lightning calls this after each logging step: the points are written at most every
+        SAVE_EVERY_S (a write each step was ~2% of a small model's fit). Points past the last checkpoint are
+        dropped by a resume anyway; the ones a kill loses since the last write are the file's only loss."""
+        if time.monotonic() - self._written >= SAVE_EVERY_S:
+            self._write()
+
+    @rank_zero_only
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """With each checkpoint: a resume from it finds every point up to its step."""
+        self._write()
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        """Lightning calls this when fit ends, fails or is stopped, and when test ends: the points are kept
+        each time; the picture is drawn once, by `picture`, when the run is done."""
+        self._write()
+
+    def _write(self) -> None:
+        """Keep the points, whole or not at all. A failed write (a full disk) is one warning, not the run's
+        end: its checkpoint write fails too, with the error that matters."""
         if not self.points or self._failed:
             return
         try:
             write_text_atomically(self.run_dir / CURVES_FILE, json.dumps(self.points))
+            self._written = time.monotonic()
         except OSError as err:
             self._fail(err)
-
-    @rank_zero_only
-    def finalize(self, status: str) -> None:
-        """Lightning calls this when fit ends and when test ends: the points are kept each time; the
-        picture is drawn once, by `picture`, when the run is done."""
-        self.save()
 
     @rank_zero_only
     def picture(self) -> Path | None:
