@@ -23,7 +23,7 @@ STAMP := $(VENV)/.installed-$(subst $(_comma),+,$(EXTRAS))
 # make lists them last-first and escapes spaces as '\ ': keep escaped spaces inside one word.
 _space := $(subst ,, )
 _reverse = $(if $(1),$(call _reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
-_cli := $(filter-out PYTHON=% VENV=% TORCH=% EXTRAS=% WORKERS=% ARGS=% RUNS=% NAME=% DEST=% KEEP=% ENGINE=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
+_cli := $(filter-out PYTHON=% VENV=% TORCH=% EXTRAS=% WORKERS=% ARGS=% RUNS=% NAME=% DEST=% KEEP=% ENGINE=% IMAGE=% VARIANT=% DOCKER_BUILD=% DOCKER_RUN=% LOGS=% DATA=%,$(subst \$(_space),@SPACE@,$(-*-command-variables-*-)))
 OVERRIDES := $(foreach w,$(call _reverse,$(_cli)),'$(subst @SPACE@,$(_space),$(w))')
 
 # Hydra's -m (--multirun) must come before the overrides: it is moved there from ARGS.
@@ -38,7 +38,7 @@ explain = bash scripts/exit_code.sh $$? "$(1)"
 .PHONY: help install train eval viz shards export compare doctor bench test test-full bench-data chaos gpu-check lint format clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -101,3 +101,6 @@ format: $(STAMP)  ## ruff: fix what it can, then format
 clean:  ## remove logs, caches and build leftovers (keeps .venv)
 	rm -rf logs outputs multirun .pytest_cache .ruff_cache src/*.egg-info
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +
+
+IMAGE ?= lightspeed
+include scripts/docker.mk

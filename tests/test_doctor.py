@@ -11,7 +11,7 @@ import torch
 
 from conftest import run_module
 from lightspeed import doctor
-from lightspeed.doctor import diagnose
+from lightspeed.doctor import diagnose, driver_verdict
 
 KEYS = {
     "python",
@@ -24,6 +24,7 @@ KEYS = {
     "driver",
     "nvidia_device_present",
     "cuda_available",
+    "container",
     "gpus",
     "cpu_cores",
     "recommended_num_workers",
@@ -86,3 +87,32 @@ def test_a_healthy_gpu_machine_has_no_warnings() -> None:
 def test_problems_come_with_their_fix(changes: dict, expected: str) -> None:
     notes = diagnose(facts(**changes))
     assert len(notes) == 1 and expected in notes[0]
+
+
+def test_in_a_container_without_the_host_s_driver_it_says_how_to_pass_the_gpu_in() -> None:
+    inside = facts(
+        driver=None, nvidia_device_present=False, cuda_available=False, container={"image_cuda": "13.2.0"}
+    )
+    notes = diagnose(inside)
+    assert len(notes) == 1 and "start it with `--gpus all`" in notes[0]
+    assert (
+        driver_verdict(inside)
+        == "the host's NVIDIA driver is not visible here (torch's CUDA 13.0 build needs >= 580)"
+    )
+    assert diagnose(facts(driver=None, nvidia_device_present=False, cuda_available=False)) == []  # a CPU host
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, "580.1: can run torch's CUDA 13.0 build (needs >= 580)"),
+        ({"driver": "575.51"}, "575.51: cannot run torch's CUDA 13.0 build (needs >= 580)"),
+        (
+            {"cuda_build": "12.8", "driver": "535.104"},
+            "535.104: can run torch's CUDA 12.8 build (needs >= 525)",
+        ),
+        ({"cuda_build": None, "driver": None}, "no nvidia-smi"),
+    ],
+)
+def test_the_driver_row_says_whether_it_can_run_torch_s_cuda(changes: dict, expected: str) -> None:
+    assert driver_verdict(facts(**changes)) == expected

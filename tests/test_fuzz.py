@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -28,7 +30,8 @@ QUIET = [o for o in TINY if "batches" not in o and "max_epochs" not in o]
 
 def keys() -> list[str]:
     """Every leaf of the default composition: what `make train key=value` can set."""
-    container = OmegaConf.to_container(compose_config("train", [], _scratch()), resolve=False)
+    with tempfile.TemporaryDirectory(prefix="lightspeed-fuzz-") as scratch:
+        container = OmegaConf.to_container(compose_config("train", [], Path(scratch)), resolve=False)
 
     def leaf(key: str) -> bool:
         node = container
@@ -37,13 +40,6 @@ def keys() -> list[str]:
         return not isinstance(node, dict)
 
     return sorted(k for k in flat_keys(container) if leaf(k) and not k.startswith(SKIP))
-
-
-def _scratch():
-    import tempfile
-    from pathlib import Path
-
-    return Path(tempfile.mkdtemp(prefix="lightspeed-fuzz-"))
 
 
 CASES = [f"{k}={v}" for k in keys() for v in VALUES]

@@ -52,6 +52,7 @@ def acme(tmp_path_factory) -> Path:
 #: What a project holds: its package (the examples' modules), its conf/ (no engine group), its tests.
 EXPECTED = {
     ".gitignore", "Makefile", "README.md", "pyproject.toml", "scripts/install.py", "conf/local/.gitkeep",
+    "Dockerfile", ".dockerignore", "scripts/docker.mk", "scripts/exit_code.sh",
     "conf/train.yaml", "conf/eval.yaml", "conf/export.yaml", "conf/shards.yaml",
     "conf/data/digits.yaml", "conf/data/diabetes.yaml", "conf/data/sort.yaml", "conf/data/synthetic.yaml",
     "conf/model/cnn.yaml", "conf/model/mlp.yaml", "conf/model/linear.yaml", "conf/model/regressor.yaml",
@@ -79,6 +80,24 @@ def test_the_project_holds_the_user_s_part_under_its_name_and_pins_the_engine(ac
     code = "".join(t for n, t in texts.items() if n.startswith("src/"))
     assert not re.search(r"lightspeed\.(models|data)\.(classifier|regressor|next_token|gpt|digits)\b", code)
     assert texts["README.md"].startswith("# acme\n\nMade by Lightspeed's `make new-project` on ")
+
+
+def test_the_project_s_container_is_its_own_and_runs_its_own_entry(acme: Path) -> None:
+    """The same Dockerfile and docker targets as the template (tests/test_docker.py builds and runs them),
+    named for the project and running its train.py; what make would run, read with `make -n`."""
+    assert '\nCMD [".venv/bin/python", "-m", "acme.train"]\n' in (acme / "Dockerfile").read_text()
+    assert {".venv*", "logs", "data"} <= set((acme / ".dockerignore").read_text().splitlines())
+
+    def dry(*args: str) -> str:
+        proc = subprocess.run(["make", "-n", *args], cwd=acme, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "docker build -t acme " in dry("docker-build")
+    train = dry("docker-train", "trainer.max_epochs=2", "IMAGE=acme:1", "LOGS=/tmp/acme-logs")
+    assert '-v "/tmp/acme-logs:/app/logs" ' in train and f'-v "{acme}/data:/app/data" ' in train
+    assert " acme:1 .venv/bin/python -m acme.train 'trainer.max_epochs=2'" in train, train
+    assert '--user "$(id -u):$(id -g)"' in train and "bash scripts/exit_code.sh" in train
 
 
 def test_every_extra_of_the_engine_is_an_extra_of_the_project_under_its_name(acme: Path) -> None:

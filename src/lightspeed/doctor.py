@@ -3,13 +3,15 @@
     python -m lightspeed.doctor [--json PATH] [--require-gpu] [--quick]
 
 What it measures: docs/usage.md. JSON keys: python, platform, torch, lightning, cuda_build, cudnn, nccl,
-driver, nvidia_device_present, cuda_available, gpus, cpu_cores, recommended_num_workers, compile_backend_ok,
-compile_problem, h2d_gbps, matmul_tflops, warnings. Exits 0; 1 with --require-gpu and no usable CUDA GPU."""
+driver, nvidia_device_present, cuda_available, container, gpus, cpu_cores, recommended_num_workers,
+compile_backend_ok, compile_problem, h2d_gbps, matmul_tflops, warnings. Exits 0; 1 with --require-gpu and
+no usable CUDA GPU."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -43,6 +45,28 @@ def _driver_version() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _container() -> dict[str, Any] | None:
+    """Inside Docker (or Podman): which CUDA the image carries (NVIDIA's images say it in CUDA_VERSION;
+    torch's wheel brings its own runtime, so the host's driver is what must be new enough). None outside."""
+    if not (Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()):
+        return None
+    return {"image_cuda": os.environ.get("CUDA_VERSION")}
+
+
+def driver_verdict(f: dict[str, Any]) -> str:
+    """Whether the driver here can run torch's CUDA build, in words."""
+    if not f["cuda_build"]:
+        return f["driver"] or "no nvidia-smi"
+    need = MIN_DRIVER.get(int(f["cuda_build"].split(".")[0]))
+    if not f["driver"]:
+        where = "the host's NVIDIA driver is not visible here" if f.get("container") else "no nvidia-smi"
+        return f"{where} (torch's CUDA {f['cuda_build']} build needs >= {need or '?'})"
+    if need is None:
+        return f"{f['driver']} (no minimum known for CUDA {f['cuda_build']})"
+    can = "can" if int(f["driver"].split(".")[0]) >= need else "cannot"
+    return f"{f['driver']}: {can} run torch's CUDA {f['cuda_build']} build (needs >= {need})"
 
 
 def _gpu(index: int) -> dict[str, Any]:
@@ -116,6 +140,7 @@ def collect(quick: bool = False) -> dict[str, Any]:
         "driver": _driver_version(),
         "nvidia_device_present": Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None,
         "cuda_available": cuda,
+        "container": _container(),
         "gpus": gpus,
         "cpu_cores": cpus,
         "recommended_num_workers": auto_num_workers(max(1, len(gpus)), device),
@@ -152,6 +177,12 @@ def diagnose(f: dict[str, Any]) -> list[str]:
                 f"driver {f['driver']} is too old for torch's CUDA {f['cuda_build']} build (needs >= "
                 f"{need}): update the NVIDIA driver, or install a torch built for an older CUDA"
             )
+    if f.get("container") is not None and f["cuda_build"] and not f["driver"]:
+        notes.append(
+            "in a container without the host's NVIDIA driver: start it with `--gpus all` on a host with the "
+            "NVIDIA Container Toolkit (make docker-train does where Docker lists NVIDIA's runtime) to train "
+            "on the GPU; without it the container sees no GPU"
+        )
     bw = f.get("h2d_gbps")
     if bw and bw["pinned"] < 1.1 * bw["pageable"]:
         notes.append(
@@ -188,7 +219,12 @@ def render(f: dict[str, Any], console: Console) -> None:
         "CUDA build / cuDNN / NCCL",
         f"{f['cuda_build'] or 'none (CPU build)'} / {f['cudnn'] or '-'} / {f['nccl'] or '-'}",
     )
-    table.add_row("driver", f["driver"] or "no nvidia-smi")
+    table.add_row("driver", driver_verdict(f))
+    if f.get("container") is not None:
+        cuda = f["container"]["image_cuda"]
+        table.add_row(
+            "container", f"yes; the image carries CUDA {cuda}" if cuda else "yes; no CUDA in the image"
+        )
     for i, g in enumerate(f["gpus"]):
         table.add_row(
             f"GPU {i}",
