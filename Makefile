@@ -35,7 +35,7 @@ REST := $(filter-out -m --multirun,$(ARGS))
 explain = bash scripts/exit_code.sh $$? "$(1)"
 
 .DEFAULT_GOAL := help
-.PHONY: help install train eval viz shards export compare doctor bench test test-full bench-data chaos gpu-check lint format clean
+.PHONY: help install train eval viz shards export compare doctor bench tune test test-full bench-data chaos gpu-check lint format clean
 
 help:  ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -80,6 +80,9 @@ test-full: $(STAMP)  ## every test, the slow ones too
 
 bench: $(STAMP)  ## presets and single-knob ablations -> bench.md, bench.png (ARGS="--steps 100 --configs off,max")
 	$(PY) -m lightspeed.bench $(OVERRIDES) $(ARGS)
+
+tune: $(STAMP)  ## measure the speed knobs here, write conf/accel/tuned.yaml (make train accel=tuned)
+	$(PY) -m lightspeed.tune $(OVERRIDES) $(ARGS) || $(call explain,tune)
 
 bench-data: $(STAMP)  ## loaders, then the three data paths (memory, files, shards): samples/s (scripts/bench_data.py)
 	$(PY) scripts/bench_data.py $(ARGS)

@@ -2,9 +2,10 @@
 # Every GPU check in one call of at most ~8 minutes, for a machine with an NVIDIA GPU; results go to
 # $OUT (default ./gpu_out): gpu_check.log (every step's output, in order: the gpu-marked tests of
 # tests/test_gpu.py, the benches, trainer=fsdp killed and resumed from its sharded checkpoint, the fast
-# suite last), doctor.json, bench8/bench.md, benchgpt/bench.md (a 6-layer decoder-only transformer, experiment=sort_gpt
-# made GPU-sized) and bench20/bench.md (+ .png), ops.txt and trace.json.gz (profiled steady-state steps);
-# the data paths' samples/s (bench_data) are in the log.
+# suite last), doctor.json, tune.md (make tune's GPU knobs), benchtuned/bench.md, bench8/bench.md,
+# benchgpt/bench.md (a 6-layer decoder-only transformer, experiment=sort_gpt made GPU-sized) and
+# bench20/bench.md (+ .png), ops.txt and trace.json.gz (profiled steady-state steps); the data paths'
+# samples/s (bench_data) are in the log.
 # LitData (data=shards) is not on the lent machine: its tests skip there and bench_data leaves the
 # streamed rows out.
 #
@@ -63,6 +64,12 @@ step bench_resnet8 190 "$PY" -m lightspeed.bench --steps 200 --repeats 1 --out "
 step small_fit 60 "$PY" scripts/bench_small_fit.py --epochs 20 --repeats 3 trainer=gpu
 step bench_gpt 130 "$PY" -m lightspeed.bench --steps 100 --repeats 1 --out "$OUT/benchgpt" \
   --configs hand+off,off,hand,default,hand+max,max "${GPT[@]}"
+# make tune's GPU knobs (pinned memory, cuDNN autotuning, compile modes, workers) on the bench ResNet, then
+# accel=tuned against accel=default side by side (tune.md and benchtuned/bench.md come back)
+step tune 170 bash -c "$PY -m lightspeed.tune ${BENCH[*]} tune.budget_s=150 tune.steps=50 tune.repeats=2 \
+  && cp logs/tune/*/tune.md $OUT/tune.md"
+step bench_tuned 80 "$PY" -m lightspeed.bench --steps 100 --repeats 1 --out "$OUT/benchtuned" \
+  --configs default,tuned "${BENCH[@]}"
 step train_max 70 "$PY" -m lightspeed.train "${DIGITS[@]}" accel=max
 # trainer=fsdp, one process: killed after its first sharded checkpoint, resumed to an uninterrupted run's weights
 step fsdp 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_sharded.py

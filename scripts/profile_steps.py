@@ -21,8 +21,8 @@ import lightning as L
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from lightspeed.bench import RUN
 from lightspeed.run.entry import compose_config
+from lightspeed.speed.measure import RUN
 from lightspeed.train import train
 
 

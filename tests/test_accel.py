@@ -179,6 +179,21 @@ def test_optimizer_impl_reaches_the_optimizer(train_cfg, impl: str, flags: dict)
     assert {k: defaults.get(k) for k in flags} == flags
 
 
+@pytest.mark.parametrize("threads", ["1", "auto"])
+def test_threads_sets_torch_s_cpu_threads_for_the_run_and_auto_keeps_torch_s(train_cfg, threads: str) -> None:
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    try:
+        torch.set_num_threads(2)
+        with mock.patch.object(accel.torch, "set_num_threads", wraps=torch.set_num_threads) as setter:
+            train(train_cfg(*FIT_ONLY, "trainer.accelerator=cpu", f"accel.threads={threads}"))
+            seen = [c.args[0] for c in setter.call_args_list]
+            after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert (seen, after) == (([1], 1) if threads == "1" else ([], 2))
+
+
 def test_optimizer_without_a_fused_kernel_is_left_alone_with_a_note(train_cfg) -> None:
     cfg = train_cfg("model.optimizer.name=RMSprop", "accel.optimizer_impl=fused")
     assert accel.resolve(cfg) == ["accel.optimizer_impl=fused (torch.optim.RMSprop has no fused option)"]

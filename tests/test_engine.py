@@ -133,8 +133,8 @@ def test_lightspeed_says_its_version_and_refuses_an_unknown_command_in_one_line(
     assert lightspeed("--version").stdout == f"lightspeed {__version__}\n"
     proc = lightspeed("trian")
     assert proc.returncode == 2 and proc.stdout.splitlines() == [
-        "error: trian is not a command: use one of train, eval, viz, export, shards, compare, doctor, bench "
-        "(lightspeed --help)"
+        "error: trian is not a command: use one of train, eval, viz, export, shards, compare, doctor, bench, "
+        "tune (lightspeed --help)"
     ]
 
 

@@ -24,6 +24,7 @@ FLOORS: list[set[str]] = [
         "shards",
         "export",
         "bench",
+        "tune",
         "doctor",
         "compare",
         "callbacks",

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -24,8 +22,10 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
+from lightspeed import CONF_DIR
 from lightspeed.core import device as device_facts
 from lightspeed.report import figures
+from lightspeed.speed.measure import RUN, measure, run_process
 from lightspeed.speed.steady import MAX_WARMUP
 
 # name -> (overrides, needs a CUDA GPU). Ablations add one knob to the naive baseline.
@@ -47,51 +47,22 @@ CONFIGS: dict[str, tuple[list[str], bool]] = {
     # denormals appear after ~750 steps: a shorter bench shows the knob's cost, not its gain
     "off+flush_denormal": (["accel=off", "accel.flush_denormal=true"], False),
     "off+compile": (["accel=off", "accel.compile=true"], False),
+    "tuned": (["accel=tuned"], False),  # what `make tune` wrote: conf/accel/tuned.yaml (skipped without it)
 }
 #: the plain loop that mirrors each preset
 HAND_OF = {"off": "hand+off", "default": "hand", "max": "hand+max"}
 
-# What every bench run shares: no validation, no checkpoints, no progress bar; it stops once the timed
-# steps are done (min_epochs=0: at once, not at the epoch's end).
-RUN = [
-    "++trainer.max_epochs=-1",
-    "++trainer.min_epochs=0",
-    "++trainer.limit_val_batches=0",
-    "trainer.num_sanity_val_steps=0",
-    "logger=none",
-    "curves=false",
-    "test_after_fit=false",
-    "++callbacks.model_checkpoint=null",
-    "++callbacks.early_stopping=null",
-    "++callbacks.rich_progress_bar=null",
-    "++callbacks.lr_monitor=null",
-    "++trainer.enable_progress_bar=false",
-    "++trainer.enable_checkpointing=false",
-    "++callbacks.speed_report._target_=lightspeed.callbacks.SpeedReport",
-]
-
 
 def run_config(name: str, user: list[str], steps: int, warmup: str, run_dir: Path) -> dict:
     overrides = CONFIGS[name][0]
+    if not name.startswith("hand"):
+        return {"name": name, "overrides": overrides, **measure([*user, *overrides], steps, warmup, run_dir)}
     # the run's length, which its LR schedule spans: the timed steps after the longest warm-up
     length = steps + (MAX_WARMUP if warmup == "auto" else int(warmup))
-    common = [*user, *overrides, *RUN, f"++trainer.max_steps={length}"]
-    if name.startswith("hand"):
-        cmd = [sys.executable, "-m", "lightspeed.bench", "--hand-run", str(run_dir), "--steps", str(steps)]
-        cmd += ["--warmup", warmup, *common]
-    else:
-        cmd = [sys.executable, "-m", "lightspeed.train", *common, f"hydra.run.dir={run_dir}"]
-        cmd += [f"++callbacks.speed_report.warmup_steps={warmup}"]
-        cmd += [f"++callbacks.speed_report.max_timed_steps={steps}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir.parent / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"name": name, "overrides": overrides, "error": last}
-    speed = json.loads((run_dir / "speed.json").read_text())
-    if not name.startswith("hand"):
-        speed["final_loss"] = json.loads((run_dir / "summary.json").read_text())["metrics"].get("train/loss")
+    cmd = [sys.executable, "-m", "lightspeed.bench", "--hand-run", str(run_dir), "--steps", str(steps)]
+    cmd += ["--warmup", warmup, *user, *overrides, *RUN, f"++trainer.max_steps={length}"]
+    error = run_process(cmd, run_dir)
+    speed = error or json.loads((run_dir / "speed.json").read_text())
     return {"name": name, "overrides": overrides, **speed}
 
 
@@ -231,7 +202,7 @@ def write_markdown(rows: list[dict], skipped: list[str], header: str, path: Path
         "exact (the device is synchronised where the timed window starts and ends)."
     )
     if skipped:
-        lines.append(f"\nSkipped (they need a CUDA GPU): {', '.join(skipped)}.")
+        lines.append(f"\nSkipped: {', '.join(skipped)}.")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -284,8 +255,11 @@ def _rounds(
     """`args.repeats` rounds of every configuration this machine can run; the table is rewritten after
     every configuration's run, so that a bench stopped early (a GPU lease's time limit) still leaves every
     run finished so far. Returns its rows and header."""
-    skipped = [n for n in names if CONFIGS[n][1] and not torch.cuda.is_available()]
-    todo = [n for n in names if n not in skipped]
+    why = {n: "needs a CUDA GPU" for n in names if CONFIGS[n][1] and not torch.cuda.is_available()}
+    if "tuned" in names and not (CONF_DIR / "accel" / "tuned.yaml").is_file():
+        why["tuned"] = "no conf/accel/tuned.yaml: make tune writes it"
+    skipped = [f"{n} ({reason})" for n, reason in why.items()]
+    todo = [n for n in names if n not in why]
     runs: dict[str, list[dict]] = {n: [] for n in todo}
     warm = "auto (until the step time settles)" if args.warmup == "auto" else args.warmup
     rows: list[dict[str, Any]] = []

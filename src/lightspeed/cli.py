@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, list[str], str]] = {
     "compare": ("lightspeed.compare", [], "several runs on one chart and a table"),
     "doctor": ("lightspeed.doctor", [], "what this machine can do"),
     "bench": ("lightspeed.bench", [], "throughput of the presets against a plain PyTorch loop"),
+    "tune": ("lightspeed.tune", [], "the fastest settings for this model here -> conf/accel/tuned.yaml"),
 }
 
 

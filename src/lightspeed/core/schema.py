@@ -187,6 +187,9 @@ SCHEMA: dict[str, Key] = {
     ),
     "accel.optimizer_impl": Key(*_one_of("auto", "torch", "fused", "foreach", "loop")),
     "accel.flush_denormal": Key(*_BOOL_OR_AUTO),
+    "accel.threads": Key(
+        lambda v: v == "auto" or (is_int(v) and v >= 1), "auto or an integer >= 1", identity=False
+    ),
     "callbacks.nonfinite.action": Key(*_one_of("stop", "skip")),
     "callbacks.nonfinite.check_every_n_steps": Key(*_int_at_least(1), identity=False),
     "callbacks.nonfinite.max_consecutive_skips": Key(*_int_at_least(1)),

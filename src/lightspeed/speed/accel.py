@@ -140,10 +140,12 @@ def report_idle(idle: list[str], device: str) -> None:
 
 
 def apply_to_torch(cfg: DictConfig) -> None:
-    """Process-wide settings: float32 matmul precision ("high" lets CUDA use TF32 tensor cores), the
-    CPU's denormal mode, and no NVML query per optimizer step where there is no GPU."""
+    """Process-wide settings: float32 matmul precision ("high" lets CUDA use TF32 tensor cores), torch's
+    CPU threads, the CPU's denormal mode, and no NVML query per optimizer step where there is no GPU."""
     knobs = cfg.get("accel", {})
     torch.set_float32_matmul_precision(str(knobs.get("matmul_precision", "highest")))
+    if knobs.get("threads", "auto") != "auto":
+        torch.set_num_threads(int(knobs.threads))
     skip_repeated_cuda_probe()
     _flush_denormal(bool(knobs.get("flush_denormal", False)))
 

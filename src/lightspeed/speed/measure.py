@@ -1,0 +1,57 @@
+"""One training run in a process of its own, timed in steady state: what `make bench`'s preset rows and
+`make tune`'s measurements are made of."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from lightspeed.speed.steady import MAX_WARMUP
+
+# What every bench run shares: no validation, no checkpoints, no progress bar; it stops once the timed
+# steps are done (min_epochs=0: at once, not at the epoch's end).
+RUN = [
+    "++trainer.max_epochs=-1",
+    "++trainer.min_epochs=0",
+    "++trainer.limit_val_batches=0",
+    "trainer.num_sanity_val_steps=0",
+    "logger=none",
+    "curves=false",
+    "test_after_fit=false",
+    "++callbacks.model_checkpoint=null",
+    "++callbacks.early_stopping=null",
+    "++callbacks.rich_progress_bar=null",
+    "++callbacks.lr_monitor=null",
+    "++trainer.enable_progress_bar=false",
+    "++trainer.enable_checkpointing=false",
+    "++callbacks.speed_report._target_=lightspeed.callbacks.SpeedReport",
+]
+
+
+def measure(overrides: list[str], steps: int, warmup: str, run_dir: Path) -> dict:
+    """One training process in steady state, as a preset row of `make bench` runs and `make tune` measures:
+    its speed.json and final loss, or {"error": its last line}."""
+    length = steps + (MAX_WARMUP if warmup == "auto" else int(warmup))  # the span of its LR schedule
+    cmd = [sys.executable, "-m", "lightspeed.train", *overrides, *RUN, f"++trainer.max_steps={length}"]
+    cmd += [f"hydra.run.dir={run_dir}", f"++callbacks.speed_report.warmup_steps={warmup}"]
+    cmd += [f"++callbacks.speed_report.max_timed_steps={steps}"]
+    error = run_process(cmd, run_dir)
+    if error:
+        return error
+    speed = json.loads((run_dir / "speed.json").read_text())
+    speed["final_loss"] = json.loads((run_dir / "summary.json").read_text())["metrics"].get("train/loss")
+    return speed
+
+
+def run_process(cmd: list[str], run_dir: Path) -> dict:
+    """Run one process into `run_dir`, its output kept beside it (<run_dir>.log): {} when it succeeded, else
+    {"error": its last line}."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir.parent / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+    return {}

@@ -1,0 +1,565 @@
+"""`make tune` / `lightspeed tune`: the fastest settings for this model on this machine, measured, written as
+an accel option (conf/accel/tuned.yaml) that `make train accel=tuned` uses.
+
+    lightspeed tune [tune.budget_s=300] [tune.numerics=false] [tune.repeats=3] [tune.steps=100]
+                    [tune.tolerance=0.01] [tune.check_epochs=3] [overrides...]
+
+Every measurement is a training process of its own in steady state (`speed.measure`: the bench's warm-up
+rule, then `tune.steps` timed steps), `tune.repeats` times, in rounds. The knobs are tried one at a time on
+top of the best so far, each from its safe value (`knobs`); an alternative is chosen only when its slowest
+repeat beats the incumbent's fastest (by more than the spread), else the safer value stays. Knobs that
+change the arithmetic (precision; the micro-batch, with accumulation keeping the effective batch) are tried
+only with `tune.numerics=true`, and kept only if a short training (`tune.check_epochs`) with them reaches
+the baseline's monitored validation metric within `tune.tolerance` (relative). At the end the tuned option
+is measured against `accel=default` side by side; when it is not faster, tuned.yaml keeps default.
+
+Everything lands in logs/tune/<overrides>-<hash>/: each measurement's folder, log and result, tune.json,
+tune.md, tune.png. The same command again reuses every result already there, so a killed tune measures
+only what it had not. docs/performance.md says what it measures and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lightspeed import CONF_DIR
+from lightspeed.core import device as device_facts
+from lightspeed.report import figures
+from lightspeed.speed import measure as measuring
+
+
+def _count(low: int) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low, f"an integer >= {low}")
+
+
+#: tune.<key>: (default, check, what the check takes)
+SETTINGS: dict[str, tuple[Any, Callable[[Any], bool], str]] = {
+    "budget_s": (
+        300,
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0,
+        "seconds > 0",
+    ),
+    "numerics": (False, lambda v: isinstance(v, bool), "true or false"),
+    "repeats": (3, *_count(2)),
+    "steps": (100, *_count(10)),
+    "tolerance": (
+        0.01,
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1,
+        "0 <= x < 1",
+    ),
+    "check_epochs": (3, *_count(1)),
+}
+#: What a numerics check trains with besides the user's settings: nothing it need not write.
+CHECK_RUN = ["logger=none", "curves=false", "test_after_fit=false", "++callbacks.rich_progress_bar=null"]
+TUNED = "tuned"  # the accel option's name: conf/accel/tuned.yaml
+Choices = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting and its choices, the safe one first: (label, the overrides that set it)."""
+
+    name: str
+    choices: Choices
+    numerics: bool = False
+    when: tuple[str, tuple[str, ...]] | None = None  # tried only when that knob ended on one of these labels
+
+    def applies(self, chosen: dict[str, str]) -> bool:
+        return self.when is None or chosen.get(self.when[0]) in self.when[1]
+
+
+def _on_off(*overrides: str) -> Choices:
+    """off, then on, for boolean keys."""
+    return (("off", tuple(f"{o}=false" for o in overrides)), ("on", tuple(f"{o}=true" for o in overrides)))
+
+
+def _values(key: str, values: tuple[Any, ...]) -> Choices:
+    return tuple((str(v), (f"{key}={v}",)) for v in values)
+
+
+# radon C: which knobs a CUDA device and a CPU each have, in one list to read
+def knobs(facts: dict[str, Any], numerics: bool) -> list[Knob]:
+    """The knobs that matter on this device, in the order they are tried: the data path, then the math."""
+    cuda, cpus = facts["cuda"], facts["cpus"]
+    workers = sorted(
+        {n for n in (1, 2, 4, 8) if n < cpus} | ({min(8, cpus - 1)} if cuda and cpus > 1 else set())
+    )
+    loader: Choices = (
+        ("0", ("data.num_workers=0", "data.persistent_workers=false")),
+        *((str(n), (f"data.num_workers={n}", "data.persistent_workers=true")) for n in workers),
+    )
+    found = [
+        Knob("data on device", _on_off("data.on_device")),
+        Knob("loader workers", loader, when=("data on device", ("off",))),
+        Knob(
+            "prefetch",
+            _values("data.prefetch_factor", (2, 4, 8)),
+            when=("loader workers", tuple(map(str, workers))),
+        ),
+    ]
+    if cuda:
+        pinned = _on_off("data.pin_memory", "data.non_blocking")
+        found += [Knob("pinned memory", pinned, when=("data on device", ("off",)))]
+        found += [Knob("cuDNN autotuning", _on_off("trainer.benchmark"))]
+    else:
+        fewer = sorted({n for n in (1, cpus // 2) if 1 <= n < cpus}, reverse=True)
+        found += [Knob("CPU threads", _values("accel.threads", ("auto", *fewer)))]
+    found += [
+        Knob("channels_last", _on_off("accel.channels_last")),
+        Knob("matmul precision", _values("accel.matmul_precision", ("highest", "high"))),
+        Knob("optimizer kernels", _values("accel.optimizer_impl", ("torch", "foreach", "fused"))),
+        Knob("torch.compile", _on_off("accel.compile")),
+    ]
+    if cuda:
+        modes = ("default", "reduce-overhead", "max-autotune")
+        found += [Knob("compile mode", _values("accel.compile_mode", modes), when=("torch.compile", ("on",)))]
+    return found + (_numerics(facts) if numerics else [])
+
+
+def _numerics(facts: dict[str, Any]) -> list[Knob]:
+    """Precision, and the micro-batch with accumulation keeping the effective batch: the user's first."""
+    precisions = (facts["precision"], "bf16-mixed", *(("16-mixed",) if facts["cuda"] else ()))
+    batch, accumulate = facts["batch"], facts["accumulate"]
+    effective = batch * accumulate
+    splits = [
+        (effective // a, a)
+        for a in (1, 2, 4, 8)
+        if effective % a == 0 and (effective // a, a) != (batch, accumulate)
+    ]
+    return [
+        Knob("precision", _values("trainer.precision", tuple(dict.fromkeys(precisions))), numerics=True),
+        Knob(
+            "micro-batch x accumulation",
+            tuple(
+                (f"{b}x{a}", (f"data.batch_size={b}", f"trainer.accumulate_grad_batches={a}"))
+                for b, a in [(batch, accumulate), *splits]
+            ),
+            numerics=True,
+        ),
+    ]
+
+
+@dataclass
+class Choice:
+    """One choice of one knob as measured: its runs' samples/s and what was decided."""
+
+    knob: str
+    label: str
+    overrides: list[str]
+    runs: list[dict] = field(default_factory=list)
+    chosen: bool = False
+    reason: str = ""
+
+    @property
+    def error(self) -> str | None:
+        return next((r["error"] for r in self.runs if "error" in r), None)
+
+    @property
+    def rates(self) -> list[float]:
+        return sorted(r["samples_per_s"] for r in self.runs if "error" not in r)
+
+    @property
+    def median(self) -> float:
+        rates = self.rates
+        return rates[(len(rates) - 1) // 2] if rates else 0.0
+
+    @property
+    def spread(self) -> str:
+        rates = self.rates
+        return f"{rates[0]:,.0f}-{rates[-1]:,.0f}" if rates else "-"
+
+    @property
+    def peak_gib(self) -> float | None:
+        peaks = [r.get("peak_allocated_gib") or r.get("peak_rss_gib") for r in self.runs if "error" not in r]
+        return max((p for p in peaks if p is not None), default=None)
+
+
+# radon C: one reason per way a choice can end, each said to the user
+def decide(incumbent: Choice, choices: list[Choice]) -> Choice:
+    """The fastest alternative whose slowest repeat beats the incumbent's fastest; else the incumbent (the
+    safer value). Each choice says why it was or was not taken."""
+    top = incumbent.rates[-1] if incumbent.rates else float("inf")
+    beating = [c for c in choices if c is not incumbent and not c.error and c.rates and c.rates[0] > top]
+    best = max(beating, key=lambda c: c.median, default=incumbent)
+    for c in choices:
+        if c.error:
+            c.reason = f"failed: {c.error}"
+        elif c is incumbent:
+            c.reason = "kept: nothing beat it by more than the spread" if best is incumbent else ""
+        elif c is best:
+            c.reason = (
+                f"beats {incumbent.label} by more than the spread ({c.spread} against {incumbent.spread})"
+            )
+        elif c in beating:
+            c.reason = f"beats {incumbent.label}, but {best.label} is faster"
+        elif c.median >= incumbent.median:
+            c.reason = f"within the spread of {incumbent.label} ({c.spread} against {incumbent.spread})"
+        else:
+            c.reason = f"slower than {incumbent.label} ({c.median:,.0f} against {incumbent.median:,.0f})"
+    return best
+
+
+def results_verdict(incumbent: Choice, winner: Choice, base: dict, trial: dict, tolerance: float) -> Choice:
+    """A faster numerics choice is kept only if its short training's metric is within tolerance of the
+    incumbent's (relative to the incumbent's value, in the direction the monitor's mode says is worse)."""
+    if "error" in base or "error" in trial:
+        winner.reason += f"; not kept, its results check failed: {trial.get('error') or base.get('error')}"
+        return incumbent
+    worse = (base["value"] - trial["value"]) if base["mode"] == "max" else (trial["value"] - base["value"])
+    said = f"{base['metric']} {trial['value']:.4g} against {base['value']:.4g}, {tolerance:.1%} allowed"
+    if worse > tolerance * abs(base["value"]):
+        winner.reason += f"; not kept, its results are worse ({said})"
+        return incumbent
+    winner.reason += f"; results kept ({said})"
+    return winner
+
+
+class OutOfBudget(Exception):
+    """The next measurement would end after tune.budget_s, less the final comparison's share."""
+
+
+class Tuner:
+    """Measures (each result cached in the tune's folder), decides and compares. `measure` and `check` run a
+    training process (speed.measure.measure, check_metric); `clock` is time.monotonic, or a test's own."""
+
+    def __init__(
+        self,
+        user: list[str],
+        settings: dict[str, Any],
+        out: Path,
+        measure: Callable[[list[str], int, str, Path], dict] = measuring.measure,
+        check: Callable[[list[str], Path], dict] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        progress: Progress | None = None,
+    ) -> None:
+        self.user, self.settings, self.out = user, settings, out
+        self._measure, self._check = measure, check or check_metric
+        self.clock, self.start, self.durations = clock, clock(), []
+        self.progress = progress
+        self.task = progress.add_task("tune", total=0) if progress else None
+        self.rows: list[Choice] = []
+        self.unmeasured: list[str] = []
+        self.final_reserved = True
+
+    def _cached(self, key: list[Any], name: str, run: Callable[[Path], dict]) -> dict:
+        """The result of `run(folder)`, from its file when an earlier tune got it."""
+        digest = hashlib.sha256(json.dumps([self.user, key]).encode()).hexdigest()[:10]
+        folder = self.out / "runs" / f"{digest}-{name}"
+        done = folder.with_suffix(".json")
+        if done.is_file():
+            return json.loads(done.read_text())
+        estimate = sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
+        reserve = 2 * int(self.settings["repeats"]) * estimate if self.final_reserved else 0.0
+        if (
+            self.durations
+            and self.clock() - self.start + estimate > float(self.settings["budget_s"]) - reserve
+        ):
+            raise OutOfBudget
+        began = self.clock()
+        result = run(folder)
+        self.durations.append(self.clock() - began)
+        _write(done, json.dumps(result, indent=2, default=str) + "\n")  # a killed run is measured again
+        return result
+
+    def measure(self, choices: list[Choice], extra: str = "") -> None:
+        """Each choice `tune.repeats` times, in rounds (a drifting machine affects every choice alike)."""
+        steps, repeats = int(self.settings["steps"]), int(self.settings["repeats"])
+        if self.progress is not None:
+            self.progress.update(self.task, total=self.progress.tasks[0].total + repeats * len(choices))
+        for repeat in range(repeats):
+            for c in choices:
+                if self.progress is not None:
+                    self.progress.update(
+                        self.task, description=f"{c.knob} = {c.label} ({repeat + 1}/{repeats})"
+                    )
+                run = lambda f, c=c: self._measure([*self.user, *c.overrides], steps, "auto", f)  # noqa: E731
+                c.runs.append(self._cached([c.overrides, steps, extra], str(repeat), run))
+                if self.progress is not None:
+                    self.progress.advance(self.task)
+
+    def metric(self, overrides: list[str]) -> dict:
+        """A short training's monitored validation metric, cached as the measurements are."""
+        epochs = f"trainer.max_epochs={self.settings['check_epochs']}"
+        run = lambda f: self._check([*self.user, *overrides, epochs], f)  # noqa: E731
+        return self._cached([overrides, epochs], "check", run)
+
+    # radon C: the knobs' conditions and the budget's end are both decided here
+    def tune(self, all_knobs: list[Knob]) -> list[str]:
+        """Every knob in turn on top of the best so far; the best's overrides. self.rows: every choice."""
+        state = {k.name: k.choices[0] for k in all_knobs}
+        for i, knob in enumerate(all_knobs):
+            if not knob.applies({name: label for name, (label, _) in state.items()}):
+                continue
+            try:
+                state[knob.name] = self._knob(knob, state)
+            except OutOfBudget:
+                chosen = {name: label for name, (label, _) in state.items()}
+                self.unmeasured = [k.name for k in all_knobs[i:] if k.applies(chosen)]
+                break
+        return [o for _, overrides in state.values() for o in overrides]
+
+    def _knob(self, knob: Knob, state: dict[str, tuple[str, tuple[str, ...]]]) -> tuple[str, tuple[str, ...]]:
+        def overrides(choice: tuple[str, ...]) -> list[str]:
+            return [
+                o for name, (_, values) in state.items() for o in (choice if name == knob.name else values)
+            ]
+
+        choices = [Choice(knob.name, label, overrides(values)) for label, values in knob.choices]
+        self.measure(choices)
+        incumbent = choices[0]
+        winner = decide(incumbent, choices)
+        if winner is not incumbent and knob.numerics:
+            try:
+                base, trial = self.metric(incumbent.overrides), self.metric(winner.overrides)
+            except OutOfBudget:
+                winner.reason += "; not kept: tune.budget_s was spent before its results could be checked"
+                winner = incumbent
+            else:
+                winner = results_verdict(incumbent, winner, base, trial, float(self.settings["tolerance"]))
+        for c in choices:
+            c.chosen = c is winner
+        self.rows += choices
+        return next((label, values) for label, values in knob.choices if label == winner.label)
+
+    def compare(self, tuned_text: str) -> tuple[Choice, Choice]:
+        """`accel=tuned` (the file as written: its text is in the results' key) against `accel=default`."""
+        default = Choice("final", "accel=default", ["accel=default"])
+        tuned = Choice("final", f"accel={TUNED}", [f"accel={TUNED}"])
+        self.final_reserved = False
+        self.settings = {
+            **self.settings,
+            "budget_s": float("inf"),
+        }  # its share was kept aside: it always runs
+        self.measure([default, tuned], extra=tuned_text)
+        return default, tuned
+
+
+def check_metric(overrides: list[str], folder: Path) -> dict:
+    """A short training's monitored metric at its best checkpoint (summary.json), or {"error": its line}."""
+    cmd = [sys.executable, "-m", "lightspeed.train", *overrides, *CHECK_RUN, f"hydra.run.dir={folder}"]
+    if error := measuring.run_process(cmd, folder):
+        return error
+    summary = json.loads((folder / "summary.json").read_text())
+    found = re.fullmatch(r"(\S+) \((min|max)\)", summary.get("monitor") or "")
+    metrics = summary.get("metrics", {})
+    value = metrics.get(f"{found[1]}@best", metrics.get(found[1])) if found else None
+    if value is None:
+        return {"error": f"the check run logged no monitored metric ({summary.get('monitor')})"}
+    return {"metric": found[1], "mode": found[2], "value": float(value)}
+
+
+def table_lines(rows: list[Choice]) -> list[str]:
+    """The measured table in Markdown: tune.md and the header of tuned.yaml."""
+    lines = [
+        "| knob | value | samples/s (median) | spread | peak memory | chosen | why |",
+        "|---|---|---:|---:|---:|:---:|---|",
+    ]
+    for c in rows:
+        rate = f"{c.median:,.0f}" if c.rates else "-"
+        peak = f"{c.peak_gib:.2f} GiB" if c.peak_gib is not None else "-"
+        lines.append(
+            f"| {c.knob} | {c.label} | {rate} | {c.spread} ({len(c.rates)}x) | {peak} "
+            f"| {'yes' if c.chosen else ''} | {c.reason} |"
+        )
+    return lines
+
+
+def tuned_yaml(overrides: list[str], header: list[str]) -> str:
+    """The accel option: `default` with every tuned knob set explicitly; its header is what was measured."""
+    values = OmegaConf.to_yaml(OmegaConf.from_dotlist(overrides)) if overrides else ""
+    lines = [
+        "# @package _global_",
+        *(f"# {line}".rstrip() for line in header),
+        "defaults:",
+        "  - default",
+        "",
+    ]
+    return "\n".join(lines) + values
+
+
+def write_chart(rows: list[Choice], title: str, path: Path) -> None:
+    if (plt := figures.pyplot(path, print)) is None:
+        return
+    ok = [c for c in rows if c.rates][::-1]
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(ok) + 1.4))
+    errors = [[c.median - c.rates[0] for c in ok], [c.rates[-1] - c.median for c in ok]]
+    colors = ["#3b7dd8" if c.chosen else "#999999" for c in ok]
+    bars = ax.barh([f"{c.knob} = {c.label}" for c in ok], [c.median for c in ok], xerr=errors, color=colors)
+    ax.bar_label(bars, fmt="{:,.0f}", padding=3, fontsize=7)
+    ax.margins(x=0.18)
+    ax.set_xlabel("samples/s: median, and the spread of the repeats (blue: chosen)")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    figures.save(fig, path, dpi=110)
+
+
+def parse(argv: list[str]) -> tuple[dict[str, Any], list[str]] | str:
+    """The tune.<key>=<value> settings apart from the training overrides, or the one-line error."""
+    settings = {key: default for key, (default, _, _) in SETTINGS.items()}
+    user = []
+    for arg in argv:
+        if not arg.startswith("tune."):
+            user.append(arg)
+            continue
+        key, eq, raw = arg.removeprefix("tune.").partition("=")
+        if key not in SETTINGS or not eq:
+            keys = ", ".join(SETTINGS)
+            return f"{arg}: not a setting of make tune; use tune.<key>=<value> with a key of {keys}"
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        if not SETTINGS[key][1](value):
+            return f"tune.{key}={raw!r} is invalid: use {SETTINGS[key][2]}"
+        settings[key] = value
+    return settings, user
+
+
+def facts(user: list[str]) -> dict[str, Any]:
+    """What the knobs depend on, from the config the runs compose: the device, the batch, the precision."""
+    from lightspeed.run.entry import compose_config
+    from lightspeed.speed import accel
+
+    with tempfile.TemporaryDirectory(prefix="lightspeed-tune-") as scratch:
+        cfg = compose_config("train", user, Path(scratch))
+    device = accel.device_type(cfg)
+    precision = str(cfg.trainer.precision)
+    return {
+        "cuda": device == "cuda",
+        "device": device_facts.name(torch.device(device)),
+        "cpus": device_facts.cpu_count(),
+        "batch": int(cfg.data.batch_size),
+        "accumulate": int(cfg.trainer.get("accumulate_grad_batches") or 1),
+        "precision": accel.auto_precision(device) if precision == "auto" else precision,
+    }
+
+
+# radon C: writes each of the five outputs from the same rows; a line each
+def report(tuner: Tuner, best: list[str], found: dict[str, Any], console: Console) -> Path:
+    """tuned.yaml (best, or default when best is not faster), tune.md, tune.json, tune.png and the table."""
+    when = f"{time.strftime('%Y-%m-%d')}, {found['device']}, torch {torch.__version__}"
+    title = f"`make tune` {when}, for: {' '.join(tuner.user) or '(the default)'}"
+    notes = [f"not measured (tune.budget_s spent): {', '.join(tuner.unmeasured)}"] if tuner.unmeasured else []
+    target = CONF_DIR / "accel" / f"{TUNED}.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pending = "not yet measured against accel=default: make tune was stopped before; run it again to finish"
+    _write(target, tuned_yaml(best, [title, "", *table_lines(tuner.rows), *notes, "", pending]))
+    default, tuned = tuner.compare(target.read_text())
+    faster = bool(tuned.rates and default.rates and tuned.rates[0] > default.rates[-1])
+    verdict = f"accel={TUNED} against accel=default: {tuned.spread} against {default.spread} samples/s" + (
+        f" ({tuned.median / default.median:.2f}x)" if default.median else ""
+    )
+    verdict += (
+        ": faster, kept" if faster else ": not faster by more than the spread, so tuned.yaml keeps default"
+    )
+    tuned.chosen, default.chosen = faster, not faster
+    tuned.reason = "faster than accel=default by more than the spread" if faster else "not faster: not kept"
+    rows = [*tuner.rows, default, tuned]
+    _write(target, tuned_yaml(best if faster else [], [title, "", *table_lines(rows), *notes, "", verdict]))
+    record = {"overrides": tuner.user, "settings": tuner.settings, **found, "torch": torch.__version__}
+    record |= {"tuned": best if faster else [], "verdict": verdict, "unmeasured": tuner.unmeasured}
+    _write(
+        tuner.out / "tune.json",
+        json.dumps({**record, "rows": [vars(c) for c in rows]}, indent=2, default=str),
+    )
+    _write(
+        tuner.out / "tune.md",
+        "\n".join([f"# Lightspeed tune\n\n{title}\n", *table_lines(rows), "", *notes, verdict, ""]),
+    )
+    try:
+        write_chart(rows, title, tuner.out / "tune.png")
+    except ImportError:
+        console.print("tune: no tune.png: matplotlib is missing (pip install -e '.[bench]')")
+    table = Table(title="Lightspeed: make tune", title_justify="left")
+    for column in ("knob", "value", "samples/s", "spread", "peak memory", "chosen", "why"):
+        table.add_column(column, overflow="fold", ratio=4 if column == "why" else None)
+    for line in table_lines(rows)[2:]:
+        table.add_row(*(cell.strip() for cell in line.strip("|").split("|")))
+    console.print(
+        table, *notes, f"tune: {verdict}", f"tune: wrote {target} (make train accel={TUNED})", sep="\n"
+    )
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = parse(sys.argv[1:] if argv is None else argv)
+    if isinstance(parsed, str):
+        print(f"error: {parsed}", file=sys.stderr)
+        return 2
+    settings, user = parsed
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    try:
+        found = facts(user)
+    except Exception:  # the run itself says what is wrong with the overrides, in the engine's one line
+        return _refused(user)
+    # the folder is the measurements' identity: what they depend on (not the budget, repeats or checks)
+    tag = hashlib.sha256(
+        json.dumps([user, settings["steps"], found, torch.__version__]).encode()
+    ).hexdigest()[:8]
+    out = Path("logs") / "tune" / f"{'_'.join(_words(user)) or 'default'}-{tag}"
+    all_knobs = knobs(found, bool(settings["numerics"]))
+    console.print(
+        f"tune: {found['device']}, torch {torch.__version__}; {len(all_knobs)} knobs, each choice "
+        f"{settings['repeats']} x {settings['steps']} timed steps in a process of its own; "
+        f"budget {settings['budget_s']} s; {out}"
+    )
+    columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        tuner = Tuner(user, settings, out, progress=progress)
+        best = tuner.tune(all_knobs)
+        if not tuner.rows:
+            each = f"{tuner.durations[0]:.0f} s" if tuner.durations else "?"
+            print(
+                f"error: tune.budget_s={settings['budget_s']} was spent before one knob was measured (a "
+                f"measurement takes {each} here): give it more, or fewer tune.steps",
+                file=sys.stderr,
+            )
+            return 2
+        if not any(c.rates for c in tuner.rows):
+            print(f"error: make tune: every run failed; the first: {tuner.rows[0].error}", file=sys.stderr)
+            return 3
+        report(tuner, best, found, console)
+    return 0
+
+
+def _refused(user: list[str]) -> int:
+    """What `make train` says of overrides that do not compose: a short run's own line."""
+    with tempfile.TemporaryDirectory(prefix="lightspeed-tune-") as scratch:
+        result = measuring.measure(user, 10, "0", Path(scratch) / "check")
+    print(
+        f"error: {result.get('error', 'these overrides do not compose').removeprefix('error: ')}",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _words(user: list[str]) -> list[str]:
+    return [re.sub(r"[^A-Za-z0-9.-]+", "_", u).strip("_")[:40] for u in user[:3]]
+
+
+def _write(path: Path, text: str) -> None:
+    """Whole or not at all: a killed tune never leaves a torn file for `accel=tuned` or a rerun to read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.part")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

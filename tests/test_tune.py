@@ -1,0 +1,222 @@
+"""`make tune`: the decisions with figures and a clock the tests control (a slower or merely equal knob is
+never chosen; the budget ends the tuning; a rerun measures only what it had not; a faster numerics knob is
+kept only with the baseline's results), and a real tune on the CPU, killed and rerun, in a copy of conf/."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import module_env, run_module
+from lightspeed import tune
+
+REPO = Path(__file__).resolve().parent.parent
+SETTINGS = {key: default for key, (default, _, _) in tune.SETTINGS.items()}
+CPU = {"cuda": False, "device": "cpu", "cpus": 4, "batch": 32, "accumulate": 1, "precision": "32-true"}
+
+
+class Machine:
+    """A fake machine: each run's samples/s from the overrides it was given (the last value of a key wins,
+    as on the command line), a fixed cost in seconds on a clock the test reads, and every call counted."""
+
+    def __init__(self, rates: dict[str, list[float]], seconds: float = 10.0, metric: dict | None = None):
+        self.rates, self.seconds, self.now, self.calls = rates, seconds, 0.0, []
+        self.metrics = metric or {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def measure(self, overrides: list[str], steps: int, warmup: str, folder: Path) -> dict:
+        self.calls.append((*overrides, folder.name))
+        self.now += self.seconds
+        repeat = int(folder.name.rsplit("-", 1)[1])
+        for key in reversed(overrides):
+            if key in self.rates:
+                values = self.rates[key]
+                return {"samples_per_s": values[repeat % len(values)], "peak_rss_gib": 1.0}
+        return {"samples_per_s": [100.0, 104.0, 96.0][repeat % 3], "peak_rss_gib": 1.0}
+
+    def check(self, overrides: list[str], folder: Path) -> dict:
+        self.now += self.seconds
+        value = next((self.metrics[o] for o in reversed(overrides) if o in self.metrics), 0.95)
+        return {"metric": "val/acc", "mode": "max", "value": value}
+
+
+def tuner(machine: Machine, out: Path, **settings) -> tune.Tuner:
+    return tune.Tuner(
+        [], {**SETTINGS, **settings}, out, measure=machine.measure, check=machine.check, clock=machine.clock
+    )
+
+
+def rows(t: tune.Tuner, knob: str) -> dict[str, tune.Choice]:
+    return {c.label: c for c in t.rows if c.knob == knob}
+
+
+def test_only_a_knob_faster_by_more_than_the_spread_is_chosen(tmp_path: Path) -> None:
+    machine = Machine(
+        {
+            "data.on_device=true": [150.0, 152.0, 149.0],  # faster beyond the spread: chosen
+            "data.num_workers=1": [60.0, 62.0, 61.0],  # not reached: on_device=true ends the loader knobs
+            "accel.threads=2": [103.0, 99.0, 160.0],  # faster median, spread overlapping: not chosen
+            "accel.threads=1": [150.0, 151.0, 140.0],  # ... against the incumbent (on device) at ~150
+            "accel.channels_last=true": [90.0, 91.0, 89.0],  # slower: not chosen
+            "accel.optimizer_impl=fused": [170.0, 171.0, 172.0],
+            "accel.optimizer_impl=foreach": [165.0, 166.0, 164.0],  # beats the incumbent, fused is faster
+            "accel.compile=true": [0.0],  # replaced by a failure below
+        }
+    )
+    real = machine.measure
+
+    def measure(overrides, steps, warmup, folder):
+        if overrides[-1] == "accel.compile=true":
+            machine.now += machine.seconds
+            return {"error": "error: accel.compile=true: inductor needs a C++ compiler"}
+        return real(overrides, steps, warmup, folder)
+
+    settings = {**SETTINGS, "budget_s": 10_000}
+    t = tune.Tuner([], settings, tmp_path, measure=measure, check=machine.check, clock=machine.clock)
+    best = t.tune(tune.knobs(CPU, numerics=False))
+    assert "data.on_device=true" in best and "accel.optimizer_impl=fused" in best
+    assert (
+        "accel.threads=auto" in best and "accel.channels_last=false" in best and "accel.compile=false" in best
+    )
+    assert not rows(t, "loader workers")  # its condition (data off the device) no longer holds
+    threads, layout = rows(t, "CPU threads"), rows(t, "channels_last")
+    assert threads["auto"].chosen and threads["auto"].reason.startswith("kept: nothing beat it")
+    assert layout["on"].reason.startswith("slower than off")
+    kernels = rows(t, "optimizer kernels")
+    assert kernels["fused"].chosen and kernels["fused"].reason.startswith(
+        "beats torch by more than the spread"
+    )
+    assert kernels["foreach"].reason == "beats torch, but fused is faster"
+    assert (
+        rows(t, "torch.compile")["on"].reason
+        == "failed: error: accel.compile=true: inductor needs a C++ compiler"
+    )
+
+
+def test_equal_within_the_spread_keeps_the_safer_value() -> None:
+    safe = tune.Choice("k", "off", [], runs=[{"samples_per_s": v} for v in (100.0, 110.0, 90.0)])
+    other = tune.Choice("k", "on", [], runs=[{"samples_per_s": v} for v in (105.0, 112.0, 109.0)])
+    assert tune.decide(safe, [safe, other]) is safe
+    assert other.reason == "within the spread of off (105-112 against 90-110)"
+    other.runs = [{"samples_per_s": v} for v in (111.0, 112.0, 113.0)]
+    assert tune.decide(safe, [safe, other]) is other
+
+
+def test_the_budget_ends_the_tuning_and_says_what_it_did_not_measure(tmp_path: Path) -> None:
+    machine = Machine({}, seconds=10.0)
+    t = tuner(machine, tmp_path, budget_s=130, repeats=2)
+    best = t.tune(tune.knobs(CPU, numerics=False))
+    # 130 s, less the final comparison's 2 x 2 x 10 s: 9 runs fit. On device: 2 choices x 2; workers: the
+    # incumbent read back, 2 x 2 more; then one of the threads' before the budget ends
+    assert len(machine.calls) == 9 and machine.now == 90
+    assert [c.knob for c in t.rows] == ["data on device"] * 2 + ["loader workers"] * 3
+    assert t.unmeasured == ["CPU threads", "channels_last", "matmul precision", "optimizer kernels",
+                            "torch.compile"]  # fmt: skip
+    assert "accel.compile=false" in best  # every knob not measured keeps its safe value
+
+
+def test_a_rerun_measures_only_what_it_had_not(tmp_path: Path) -> None:
+    machine = Machine({"data.on_device=true": [200.0, 201.0, 202.0]})
+    first = tuner(machine, tmp_path, budget_s=200)
+    first.tune(tune.knobs(CPU, numerics=False))
+    done = len(machine.calls)
+    assert first.unmeasured and done > 0
+    again = tuner(machine, tmp_path, budget_s=10_000)
+    best = again.tune(tune.knobs(CPU, numerics=False))
+    assert not again.unmeasured and "data.on_device=true" in best
+    remeasured = [c for c in machine.calls[done:] if c in machine.calls[:done]]
+    assert remeasured == []  # every run the first tune finished was read back, none run twice
+    machine.calls.clear()
+    tuner(machine, tmp_path, budget_s=10_000).tune(tune.knobs(CPU, numerics=False))
+    assert machine.calls == []
+
+
+@pytest.mark.parametrize(("bf16_acc", "kept"), [(0.949, True), (0.90, False)])
+def test_a_faster_numerics_knob_is_kept_only_with_the_baseline_s_results(
+    tmp_path: Path, bf16_acc: float, kept: bool
+) -> None:
+    machine = Machine(
+        {"trainer.precision=bf16-mixed": [300.0, 301.0, 302.0]},
+        metric={"trainer.precision=32-true": 0.95, "trainer.precision=bf16-mixed": bf16_acc},
+    )
+    t = tuner(machine, tmp_path, numerics=True, budget_s=10_000, tolerance=0.01)
+    best = t.tune(tune.knobs(CPU, numerics=True))
+    bf16 = rows(t, "precision")["bf16-mixed"]
+    assert ("trainer.precision=bf16-mixed" in best) is kept and bf16.chosen is kept
+    said = f"val/acc {bf16_acc:.4g} against 0.95, 1.0% allowed"
+    assert bf16.reason.endswith(f"results kept ({said})" if kept else f"its results are worse ({said})")
+    batch = rows(t, "micro-batch x accumulation")
+    assert list(batch) == ["32x1", "16x2", "8x4", "4x8"]  # the effective batch kept: 32
+
+
+@pytest.mark.parametrize(
+    ("arg", "said"),
+    [
+        ("tune.budget_s=-1", "tune.budget_s='-1' is invalid: use seconds > 0"),
+        ("tune.repeats=1", "tune.repeats='1' is invalid: use an integer >= 2"),
+        ("tune.numerics=yes please", "tune.numerics='yes please' is invalid: use true or false"),
+        (
+            "tune.budget=60",
+            "tune.budget=60: not a setting of make tune; use tune.<key>=<value> with a key of",
+        ),
+    ],
+)
+def test_a_bad_tune_setting_is_one_line_and_exit_2(arg: str, said: str, capsys) -> None:
+    assert tune.main([arg]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {said}") and err.count("\n") == 1
+
+
+def project(tmp_path: Path) -> Path:
+    """A copy of conf/ to tune in: tuned.yaml is written there, never into the repository's."""
+    shutil.copytree(REPO / "conf", tmp_path / "conf", ignore=shutil.ignore_patterns("tuned.yaml"))
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_a_real_tune_on_the_cpu_killed_and_rerun_writes_accel_tuned_that_trains(tmp_path: Path) -> None:
+    """The CPU's knobs (on-device data, workers, threads, channels_last, matmul precision, optimizer kernels,
+    compile) measured for real on the diabetes MLP; killed after its first results, rerun: the results
+    already there are read back, not run again; then `make train accel=tuned` composes and trains."""
+    root = project(tmp_path)
+    args = ["experiment=diabetes_mlp", "tune.steps=10", "tune.repeats=2", "tune.budget_s=1200"]
+    cmd = [sys.executable, "-m", "lightspeed.tune", *args]
+    proc = subprocess.Popen(
+        cmd, cwd=root, env=module_env(), start_new_session=True, stdout=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 300
+    while len(list(root.glob("logs/tune/*/runs/*.json"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {p: p.read_bytes() for p in root.glob("logs/tune/*/runs/*.json")}
+    assert len(before) >= 3 and not (root / "conf" / "accel" / "tuned.yaml").exists()
+
+    done = run_module("lightspeed.tune", *args, cwd=root, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert all(p.read_bytes() == text for p, text in before.items())  # read back, not measured again
+    logs = list(root.glob("logs/tune/*/runs/*.log"))
+    assert len(logs) == len(list(root.glob("logs/tune/*/runs/*.json")))  # one process per result, no more
+    (folder,) = root.glob("logs/tune/experiment_diabetes_mlp-*")
+    record = json.loads((folder / "tune.json").read_text())
+    measured = {r["knob"] for r in record["rows"] if any("samples_per_s" in run for run in r["runs"])}
+    assert {"data on device", "CPU threads", "channels_last", "matmul precision", "optimizer kernels",
+            "torch.compile", "final"} <= measured, record["rows"]  # fmt: skip
+    assert not record["unmeasured"]
+    tuned = (root / "conf" / "accel" / "tuned.yaml").read_text()
+    assert tuned.startswith("# @package _global_\n# `make tune` ") and "| knob | value | samples/s" in tuned
+    assert "accel=tuned against accel=default: " in tuned and "\ndefaults:\n  - default\n" in tuned
+    assert "Lightspeed: make tune" in done.stdout and "make train accel=tuned" in done.stdout
+    assert (folder / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    run = run_module("lightspeed.train", "experiment=diabetes_mlp", "accel=tuned", "debug=fdr", cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
