@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import module_env, run_module
+from conftest import TINY, module_env, run_module
 from lightspeed import tune
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,6 +157,17 @@ def test_a_faster_numerics_knob_is_kept_only_with_the_baseline_s_results(
     assert bf16.reason.endswith(f"results kept ({said})" if kept else f"its results are worse ({said})")
     batch = rows(t, "micro-batch x accumulation")
     assert list(batch) == ["32x1", "16x2", "8x4", "4x8"]  # the effective batch kept: 32
+
+
+def test_the_results_check_reads_the_monitored_metric_of_a_real_short_training(tmp_path: Path) -> None:
+    """check_metric trains in a process of its own and reads the monitor and its best value from
+    summary.json: val/mse, minimised, for the diabetes MLP."""
+    folder = tmp_path / "check"
+    found = tune.check_metric(["experiment=diabetes_mlp", "trainer.max_epochs=2", *TINY], folder)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert found == {"metric": "val/mse", "mode": "min", "value": summary["metrics"]["val/mse@best"]}
+    bad = tune.check_metric(["experiment=diabetes_mlp", "trainer.max_epochs=-5"], tmp_path / "bad")
+    assert bad["error"].startswith("error: trainer.max_epochs=-5")
 
 
 @pytest.mark.parametrize(
