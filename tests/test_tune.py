@@ -103,6 +103,19 @@ def test_only_a_knob_faster_by_more_than_the_spread_is_chosen(tmp_path: Path) ->
     )
 
 
+def test_settings_that_do_not_train_stop_the_tune_at_the_first_run_with_its_line(tmp_path: Path) -> None:
+    calls = []
+
+    def measure(overrides, steps, warmup, folder):
+        calls.append(overrides)
+        return {"error": "error: data.batch_size=-3 is invalid: use an integer >= 1", "exit": 2}
+
+    t = tune.Tuner(["data.batch_size=-3"], SETTINGS, tmp_path, measure=measure)
+    with pytest.raises(tune.BaselineFailed) as failed:
+        t.tune(tune.knobs(CPU, numerics=False))
+    assert len(calls) == 1 and failed.value.args[0]["exit"] == 2
+
+
 def test_equal_within_the_spread_keeps_the_safer_value() -> None:
     safe = tune.Choice("k", "off", [], runs=[{"samples_per_s": v} for v in (100.0, 110.0, 90.0)])
     other = tune.Choice("k", "on", [], runs=[{"samples_per_s": v} for v in (105.0, 112.0, 109.0)])

@@ -40,30 +40,19 @@ from rich.table import Table
 
 from lightspeed import CONF_DIR
 from lightspeed.core import device as device_facts
+from lightspeed.core.files import read_json, write_text_atomically
+from lightspeed.core.schema import is_int, is_number
 from lightspeed.report import figures
 from lightspeed.speed import measure as measuring
 
-
-def _count(low: int) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low, f"an integer >= {low}")
-
-
 #: tune.<key>: (default, check, what the check takes)
 SETTINGS: dict[str, tuple[Any, Callable[[Any], bool], str]] = {
-    "budget_s": (
-        300,
-        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0,
-        "seconds > 0",
-    ),
+    "budget_s": (300, lambda v: is_number(v) and v > 0, "seconds > 0"),
     "numerics": (False, lambda v: isinstance(v, bool), "true or false"),
-    "repeats": (3, *_count(2)),
-    "steps": (100, *_count(10)),
-    "tolerance": (
-        0.01,
-        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1,
-        "0 <= x < 1",
-    ),
-    "check_epochs": (3, *_count(1)),
+    "repeats": (3, lambda v: is_int(v) and v >= 2, "an integer >= 2"),
+    "steps": (100, lambda v: is_int(v) and v >= 10, "an integer >= 10"),
+    "tolerance": (0.01, lambda v: is_number(v) and 0 <= v < 1, "0 <= x < 1"),
+    "check_epochs": (3, lambda v: is_int(v) and v >= 1, "an integer >= 1"),
 }
 #: What a numerics check trains with besides the user's settings: nothing it need not write.
 CHECK_RUN = ["logger=none", "curves=false", "test_after_fit=false", "++callbacks.rich_progress_bar=null"]
@@ -230,6 +219,10 @@ def results_verdict(incumbent: Choice, winner: Choice, base: dict, trial: dict, 
     return winner
 
 
+class BaselineFailed(Exception):
+    """The user's settings do not train at all: every knob would fail the same way."""
+
+
 class OutOfBudget(Exception):
     """The next measurement would end after tune.budget_s, less the final comparison's share."""
 
@@ -262,8 +255,8 @@ class Tuner:
         digest = hashlib.sha256(json.dumps([self.user, key]).encode()).hexdigest()[:10]
         folder = self.out / "runs" / f"{digest}-{name}"
         done = folder.with_suffix(".json")
-        if done.is_file():
-            return json.loads(done.read_text())
+        if isinstance(found := read_json(done), dict):
+            return found
         estimate = sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
         reserve = 2 * int(self.settings["repeats"]) * estimate if self.final_reserved else 0.0
         if (
@@ -274,7 +267,9 @@ class Tuner:
         began = self.clock()
         result = run(folder)
         self.durations.append(self.clock() - began)
-        _write(done, json.dumps(result, indent=2, default=str) + "\n")  # a killed run is measured again
+        write_text_atomically(
+            done, json.dumps(result, indent=2, default=str) + "\n"
+        )  # a killed run is measured again
         return result
 
     def measure(self, choices: list[Choice], extra: str = "") -> None:
@@ -290,6 +285,8 @@ class Tuner:
                     )
                 run = lambda f, c=c: self._measure([*self.user, *c.overrides], steps, "auto", f)  # noqa: E731
                 c.runs.append(self._cached([c.overrides, steps, extra], str(repeat), run))
+                if c.error and not self.rows and c is choices[0] and not extra:
+                    raise BaselineFailed(c.runs[-1])
                 if self.progress is not None:
                     self.progress.advance(self.task)
 
@@ -457,9 +454,10 @@ def report(tuner: Tuner, best: list[str], found: dict[str, Any], console: Consol
     title = f"`make tune` {when}, for: {' '.join(tuner.user) or '(the default)'}"
     notes = [f"not measured (tune.budget_s spent): {', '.join(tuner.unmeasured)}"] if tuner.unmeasured else []
     target = CONF_DIR / "accel" / f"{TUNED}.yaml"
-    target.parent.mkdir(parents=True, exist_ok=True)
     pending = "not yet measured against accel=default: make tune was stopped before; run it again to finish"
-    _write(target, tuned_yaml(best, [title, "", *table_lines(tuner.rows), *notes, "", pending]))
+    write_text_atomically(
+        target, tuned_yaml(best, [title, "", *table_lines(tuner.rows), *notes, "", pending])
+    )
     default, tuned = tuner.compare(target.read_text())
     faster = bool(tuned.rates and default.rates and tuned.rates[0] > default.rates[-1])
     verdict = f"accel={TUNED} against accel=default: {tuned.spread} against {default.spread} samples/s" + (
@@ -471,14 +469,16 @@ def report(tuner: Tuner, best: list[str], found: dict[str, Any], console: Consol
     tuned.chosen, default.chosen = faster, not faster
     tuned.reason = "faster than accel=default by more than the spread" if faster else "not faster: not kept"
     rows = [*tuner.rows, default, tuned]
-    _write(target, tuned_yaml(best if faster else [], [title, "", *table_lines(rows), *notes, "", verdict]))
+    write_text_atomically(
+        target, tuned_yaml(best if faster else [], [title, "", *table_lines(rows), *notes, "", verdict])
+    )
     record = {"overrides": tuner.user, "settings": tuner.settings, **found, "torch": torch.__version__}
     record |= {"tuned": best if faster else [], "verdict": verdict, "unmeasured": tuner.unmeasured}
-    _write(
+    write_text_atomically(
         tuner.out / "tune.json",
         json.dumps({**record, "rows": [vars(c) for c in rows]}, indent=2, default=str),
     )
-    _write(
+    write_text_atomically(
         tuner.out / "tune.md",
         "\n".join([f"# Lightspeed tune\n\n{title}\n", *table_lines(rows), "", *notes, verdict, ""]),
     )
@@ -522,7 +522,11 @@ def main(argv: list[str] | None = None) -> int:
     columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         tuner = Tuner(user, settings, out, progress=progress)
-        best = tuner.tune(all_knobs)
+        try:
+            best = tuner.tune(all_knobs)
+        except BaselineFailed as failed:  # the run's own line, which names the setting
+            print(f"error: {failed.args[0]['error'].removeprefix('error: ')}", file=sys.stderr)
+            return int(failed.args[0].get("exit", 3))
         if not tuner.rows:
             each = f"{tuner.durations[0]:.0f} s" if tuner.durations else "?"
             print(
@@ -551,14 +555,6 @@ def _refused(user: list[str]) -> int:
 
 def _words(user: list[str]) -> list[str]:
     return [re.sub(r"[^A-Za-z0-9.-]+", "_", u).strip("_")[:40] for u in user[:3]]
-
-
-def _write(path: Path, text: str) -> None:
-    """Whole or not at all: a killed tune never leaves a torn file for `accel=tuned` or a rerun to read."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.part")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 if __name__ == "__main__":

@@ -48,10 +48,10 @@ def measure(overrides: list[str], steps: int, warmup: str, run_dir: Path) -> dic
 
 def run_process(cmd: list[str], run_dir: Path) -> dict:
     """Run one process into `run_dir`, its output kept beside it (<run_dir>.log): {} when it succeeded, else
-    {"error": its last line}."""
+    {"error": its last line, "exit": its exit code}."""
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir.parent / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1], "exit": proc.returncode}
     return {}
