@@ -217,6 +217,19 @@ def test_eval_of_a_missing_checkpoint_names_it(eval_cfg, tmp_path: Path, capsys)
     assert exit_.value.code == 2 and f"error: ckpt_path={tmp_path / 'nope.ckpt'} does not exist" in err
 
 
+@pytest.mark.parametrize(
+    ("config_name", "fix"),
+    [("eval", "; it uses the config the checkpoint's run trained with: choose that run with ckpt_path="),
+     ("shards", ": remove it")],
+)  # fmt: skip
+def test_a_group_the_command_does_not_choose_from_says_so(config_name: str, fix: str, tmp_path: Path) -> None:
+    """`make eval experiment=sort_gpt`: Hydra's "No match in the defaults list" as one line with the fix
+    (was: "experiment is not a setting (the top level has ): ...")."""
+    with pytest.raises(ConfigError) as err:
+        command_line(["experiment=sort_gpt"], tmp_path, config_name)
+    assert str(err.value).startswith(f"experiment=sort_gpt: {config_name} has no experiment to choose{fix}")
+
+
 def make(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
     """`make <args>` as a user types it: not the settings of the `make test ARGS=...` that runs this."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS")}

@@ -96,7 +96,9 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
         err = caught.__cause__ if isinstance(caught, _Refused) else caught
         if started or not isinstance(err, (ConfigError, HydraException, OmegaConfBaseException)):
             raise err from None
-        raise err if isinstance(err, ConfigError) else ConfigError(composition_error(err, args)) from None
+        raise (
+            err if isinstance(err, ConfigError) else ConfigError(composition_error(err, args, config_name))
+        ) from None
     except (yaml.YAMLError, UnicodeDecodeError, ValueError) as err:  # a yaml file Hydra cannot read or use
         stage = None if started or isinstance(err, ConfigError) else _composing(err)
         if stage is None:
@@ -273,8 +275,8 @@ def _check_launcher_installed(override: str) -> None:
         )
 
 
-# radon C: unknown key, bad value, or other
-def composition_error(err: Exception, args: list[str]) -> str:
+# radon C: unknown key, a group this command has not, bad value, or other
+def composition_error(err: Exception, args: list[str], config_name: str = "train") -> str:
     """Hydra's composition error in one line: a key that is not in the config names the closest one (of
     its node, or of another option of its group)."""
     text = str(err)
@@ -282,12 +284,27 @@ def composition_error(err: Exception, args: list[str]) -> str:
     if missing:
         key = missing[1]
         value = next((a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == key), "...")
+        if "No match in the defaults list" in text and is_group(key):
+            return unused_group(key, value, config_name)
         return unknown_key(key, _known_near(key, err.__cause__), f"to add a key of your own: +{key}={value}")
     if "LexerNoViableAlt" in type(err).__name__ or "LexerNoViableAlt" in text or "mismatched input" in text:
         bad = next((a for a in args if a in text), text.splitlines()[-1] if text else "")
         return f"{bad} cannot be read: use plain ASCII digits and key=value (quote values with spaces)"
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
     return f"the command line does not compose: {first}"
+
+
+def unused_group(key: str, value: str, config_name: str) -> str:
+    """`make eval experiment=x`: a group that `config_name` does not choose from. A checkpoint carries the
+    config its run trained with, so for eval and export the fix is which checkpoint."""
+    says = f"{key}={value}: {config_name} has no {key} to choose"
+    own = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
+    if "ckpt_path" in own:
+        return (
+            f"{says}; it uses the config the checkpoint's run trained with: choose that run with "
+            "ckpt_path=logs/train/runs/<run>/checkpoints/<file>.ckpt (latest: the newest run's best)"
+        )
+    return f"{says}: remove it"
 
 
 def _known_near(key: str, cause: BaseException | None) -> list[str]:
