@@ -90,10 +90,12 @@ def test_hydra_composes_a_run_as_often_as_a_bare_hydra_app(
 
 @pytest.mark.slow
 def test_ddp_cpu_trains_two_ranks_into_one_run_dir(tmp_path: Path) -> None:
+    """Also the ranks' device-resident shards (data.on_device=true, as auto gives on the CPU)."""
     run = tmp_path / "ddp_run"
     proc = run_module(
         "lightspeed.train",
         "trainer=ddp_cpu",
+        "data.on_device=true",
         *LIMIT,
         *QUIET,
         f"hydra.run.dir={run}",
@@ -105,8 +107,10 @@ def test_ddp_cpu_trains_two_ranks_into_one_run_dir(tmp_path: Path) -> None:
     ranks = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["initial_seed"] != ranks[1]["initial_seed"]  # distinct seeds per rank
+    assert {r["loader"] for r in ranks} == {"DeviceLoader"}
     a, b = (set(r["indices"]) for r in ranks)
     assert not a & b and a | b == set(range(ranks[0]["dataset_size"]))  # the sampler splits the data
+    assert len(a) == len(b) == ranks[0]["dataset_size"] // 2  # in shares of one size
     # one run directory, written by rank 0 only: its checkpoints, logs and summary
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["ddp_run", "probe"]
     assert {p.name for p in (run / "checkpoints").iterdir()} >= {"last.ckpt"}

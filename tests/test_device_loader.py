@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
-from conftest import run_ddp_cpu
 from lightspeed.data.augment import random_crop, random_flip
 from lightspeed.data.device_loader import DeviceLoader, EpochOrder
 
@@ -89,17 +85,8 @@ def test_augmentations_keep_shape_and_content() -> None:
     assert all(m or s for m, s in zip(mirrored, same, strict=True)) and 5 < sum(mirrored) < 35
 
 
-# Training resumed mid-epoch on device-resident data: tests/test_resume.py (bit-identical weights).
-
-
-@pytest.mark.slow
-def test_ddp_cpu_ranks_get_disjoint_device_resident_shards(tmp_path: Path) -> None:
-    proc = run_ddp_cpu(tmp_path, "data.on_device=true")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert {r["loader"] for r in ranks} == {"DeviceLoader"}
-    a, b = (set(r["indices"]) for r in ranks)
-    assert not a & b and len(a) == len(b) == ranks[0]["dataset_size"] // 2
+# Training resumed mid-epoch on device-resident data: tests/test_resume.py (bit-identical weights). Two DDP
+# ranks' device-resident shards: tests/test_cli.py::test_ddp_cpu_trains_two_ranks_into_one_run_dir.
 
 
 @pytest.mark.parametrize("workers", [0, 2])

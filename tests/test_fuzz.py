@@ -75,9 +75,9 @@ def test_a_sample_of_wrong_values_ends_in_a_run_or_one_line(
     check(override, train_cfg, capsys, monkeypatch, tmp_path)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("override", CASES)
-def test_every_wrong_value_ends_in_a_run_or_one_line(
+@pytest.mark.slow  # the cases the sample above did not run (CI runs both)
+@pytest.mark.parametrize("override", [c for c in CASES if c not in SAMPLE])
+def test_every_other_wrong_value_ends_in_a_run_or_one_line(
     override: str, train_cfg, capsys, monkeypatch, tmp_path
 ) -> None:
     check(override, train_cfg, capsys, monkeypatch, tmp_path)

@@ -305,9 +305,12 @@ def test_a_sample_of_mutated_records_ends_in_a_result_or_one_line(
     check(surface, index, runs, shards, study, tmp_path, capsys)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("surface", "index"), ALL, ids=[f"{s}-{i}" for s, i in ALL])
-def test_every_mutated_record_ends_in_a_result_or_one_line(
+REST = [c for c in ALL if c not in SAMPLE]
+
+
+@pytest.mark.slow  # the cases the sample above did not run (CI runs both)
+@pytest.mark.parametrize(("surface", "index"), REST, ids=[f"{s}-{i}" for s, i in REST])
+def test_every_other_mutated_record_ends_in_a_result_or_one_line(
     surface, index, runs, shards, study, tmp_path, capsys
 ) -> None:
     check(surface, index, runs, shards, study, tmp_path, capsys)

@@ -20,7 +20,10 @@ import torch
 
 from conftest import LIMIT, module_env
 
-pytestmark = pytest.mark.slow  # two processes with their torchrun agents, several runs (~2 min)
+pytestmark = [
+    pytest.mark.slow,  # two processes with their torchrun agents, several runs (~2 min)
+    pytest.mark.xdist_group("multinode"),  # one worker: the uninterrupted run is trained once for both
+]
 
 RUN = [
     "trainer=ddp_cpu",
@@ -94,15 +97,23 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
 
-def test_two_nodes_train_one_run_on_disjoint_data_written_by_rank_0_alone(tmp_path: Path) -> None:
-    probe = ["+callbacks.probe._target_=probes.RankProbe", f"+callbacks.probe.out={tmp_path / 'probe'}"]
-    assert finish(start_nodes(tmp_path, *probe)) == [0, 0]
-    logs = [(tmp_path / f"node{r}.log").read_text() for r in (0, 1)]
-    ranks = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory) -> Path:
+    """One uninterrupted run of two nodes, each rank's facts in `probe/` (the probe only reads): the
+    first test's subject and the second's reference weights."""
+    folder = tmp_path_factory.mktemp("two_nodes")
+    probe = ["+callbacks.probe._target_=probes.RankProbe", f"+callbacks.probe.out={folder / 'probe'}"]
+    assert finish(start_nodes(folder, *probe)) == [0, 0]
+    return folder
+
+
+def test_two_nodes_train_one_run_on_disjoint_data_written_by_rank_0_alone(two_nodes: Path) -> None:
+    logs = [(two_nodes / f"node{r}.log").read_text() for r in (0, 1)]
+    ranks = [json.loads((two_nodes / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2] and ranks[0]["initial_seed"] != ranks[1]["initial_seed"]
     a, b = (set(r["indices"]) for r in ranks)
     assert not a & b and a | b == set(range(ranks[0]["dataset_size"]))  # each node its own share
-    run = tmp_path / "run"
+    run = two_nodes / "run"
     assert "Lightspeed: training finished" in logs[0] and "training finished" not in logs[1]  # one summary
     record = json.loads((run / "run.json").read_text())
     assert len(record["attempts"]) == 1  # one identity record, one attempt: rank 0's
@@ -124,12 +135,9 @@ def ours(log: str) -> str:
 
 
 def test_a_node_killed_ends_the_other_in_one_line_and_rerunning_both_resumes_bit_exactly(
-    tmp_path: Path,
+    two_nodes: Path, tmp_path: Path
 ) -> None:
-    pause = ["+callbacks.pause._target_=probes.Pause", "+callbacks.pause.seconds=0.5"]
-    (tmp_path / "whole").mkdir()
-    assert finish(start_nodes(tmp_path / "whole", *pause)) == [0, 0]
-
+    pause = ["+callbacks.pause._target_=probes.Pause", "+callbacks.pause.seconds=0.5"]  # only sleeps
     (tmp_path / "cut").mkdir()
     nodes = start_nodes(tmp_path / "cut", *pause)
     last = tmp_path / "cut" / "run" / "checkpoints" / "last.ckpt"
@@ -154,5 +162,5 @@ def test_a_node_killed_ends_the_other_in_one_line_and_rerunning_both_resumes_bit
     assert finish(start_nodes(tmp_path / "cut", *pause)) == [0, 0]  # both commands again, as they were
     resumed = (tmp_path / "cut" / "node0.log").read_text()
     assert "resume=auto: continuing from" in resumed
-    whole, cut = weights(tmp_path / "whole" / "run"), weights(tmp_path / "cut" / "run")
+    whole, cut = weights(two_nodes / "run"), weights(tmp_path / "cut" / "run")
     assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)

@@ -208,7 +208,8 @@ def test_a_sharded_checkpoint_needs_a_strategy_that_reads_it(sharded_run, train_
 @pytest.mark.slow
 def test_two_ranks_preempted_resume_from_their_shards_bit_identical(tmp_path: Path) -> None:
     """2 DDP ranks (gloo): SIGTERM after step 7 on both, each saves its part; the same command continues;
-    the weights equal an uninterrupted sharded run's and a plain (one-file) DDP run's."""
+    the weights equal an uninterrupted plain (one-file) DDP run's: the sharded saves before and after the
+    resume hold the very weights."""
     sharded_ddp = "trainer.strategy._target_=lightspeed.resilience.sharded.DDPStrategy"
     common = ["trainer=ddp_cpu", *TINY, "callbacks.preemption.check_every_n_steps=1"]
     fault = ["+callbacks.fault._target_=probes.Fault", "+callbacks.fault.kind=sigterm"]
@@ -224,16 +225,12 @@ def test_two_ranks_preempted_resume_from_their_shards_bit_identical(tmp_path: Pa
     again = run("cut", sharded_ddp, "+callbacks.fault.step=6")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resume=auto: continuing from" in again.stdout + again.stderr
-    never = "+callbacks.fault.step=1000"
-    assert run("whole", sharded_ddp, never).returncode == 0 and run("plain", never).returncode == 0
-    final = {
-        name: sharded.to_one_file(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("cut", "whole")
-    }
+    assert run("plain", "+callbacks.fault.step=1000").returncode == 0
+    final = sharded.to_one_file(tmp_path / "cut" / "checkpoints" / "last.ckpt")
     reference = torch.load(tmp_path / "plain" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    assert final["cut"]["global_step"] == 10
+    assert final["global_step"] == 10 and final["state_dict"].keys() == reference.keys()
     for key, value in reference.items():
-        assert torch.equal(final["cut"]["state_dict"][key], value), key
-        assert torch.equal(final["whole"]["state_dict"][key], value), key
+        assert torch.equal(final["state_dict"][key], value), key
 
 
 FSDP_ON_A_GPU = pytest.param(
