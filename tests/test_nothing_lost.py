@@ -752,6 +752,11 @@ BAD_INPUTS = [
     (["monitor.metric=val/margin"], "monitor.mode is not set and the name of monitor.metric=val/margin"),
     (["trainer.max_epochs=٣"], "trainer.max_epochs=٣ cannot be read"),
     (["data.batch_size=６４"], "data.batch_size=６４ cannot be read"),
+    (["a=b=c"], "a=b=c cannot be read (mismatched input '=' expecting <EOF>): write key=value and quote"),
+    (
+        ["trainer.max_epochs=(1"],
+        "trainer.max_epochs=(1 cannot be read (extraneous input '('): write key=value",
+    ),
     (
         ["model.optimizer.momentum=0.9"],
         "model.optimizer.momentum is not a setting with the options chosen here (another option has it)",

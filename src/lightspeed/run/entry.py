@@ -287,9 +287,9 @@ def composition_error(err: Exception, args: list[str], config_name: str = "train
         if "No match in the defaults list" in text and is_group(key):
             return unused_group(key, value, config_name)
         return unknown_key(key, _known_near(key, err.__cause__), f"to add a key of your own: +{key}={value}")
-    if "LexerNoViableAlt" in type(err).__name__ or "LexerNoViableAlt" in text or "mismatched input" in text:
-        bad = next((a for a in args if a in text), text.splitlines()[-1] if text else "")
-        return f"{bad} cannot be read: use plain ASCII digits and key=value (quote values with spaces)"
+    unreadable = next((line for arg in overrides_in(args) if (line := grammar_error(arg))), None)
+    if unreadable:
+        return unreadable
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
     return f"the command line does not compose: {first}"
 
@@ -305,6 +305,35 @@ def unused_group(key: str, value: str, config_name: str) -> str:
             "ckpt_path=logs/train/runs/<run>/checkpoints/<file>.ckpt (latest: the newest run's best)"
         )
     return f"{says}: remove it"
+
+
+def overrides_in(args: list[str]) -> list[str]:
+    """The overrides of a command line: not Hydra's flags, nor the values of those that take one."""
+    rest, found = iter(args), []
+    for arg in rest:
+        if not arg.startswith("-"):
+            found.append(arg)
+        elif arg.partition("=")[0] in _WITH_VALUE and "=" not in arg:
+            next(rest, "")
+    return found
+
+
+def grammar_error(arg: str) -> str | None:
+    """One line for an override Hydra's grammar cannot read (`a=b=c`, `x=[1`, `n=٣`), with its reason."""
+    try:
+        OverridesParser.create().parse_overrides([arg])
+    except HydraException as err:
+        text = str(err)
+        if "LexerNoViableAlt" in text:  # a character outside the grammar: a digit of another script
+            return f"{arg} cannot be read: use plain ASCII digits and key=value (quote values with spaces)"
+        said = (line for line in text.splitlines() if not line.startswith(("Error parsing", "See https")))
+        reason = next((line.strip() for line in said if line.strip()), "not key=value")
+        reason = re.sub(r" expecting \{.*", "", reason)  # the grammar's two dozen token names
+        return (
+            f"{arg} cannot be read ({reason}): write key=value and quote a value that has =, brackets, "
+            "braces or spaces: key='...' (Hydra's override grammar)"
+        )
+    return None
 
 
 def _known_near(key: str, cause: BaseException | None) -> list[str]:
