@@ -247,3 +247,54 @@ def test_a_time_budget_ends_the_search_and_a_count_without_one_is_bounded(
         ten_seconds,
     )
     assert len(json.loads((tmp_path / "big" / "search" / SEARCH_FILE).read_text())["trials"]) == 2
+
+
+HOLD = """
+import sqlite3, sys, time
+from pathlib import Path
+folder = Path(sys.argv[2])
+if sys.argv[1] == "folder":  # a search of the same command, as it holds its folder
+    from lightspeed.resilience import lock
+    held = lock.acquire(folder)
+else:  # another program with the study open in a write transaction
+    db = sqlite3.connect(folder / "study.db", isolation_level=None)
+    db.execute("BEGIN EXCLUSIVE")
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow  # a process that holds the folder or the study (~8-12 s each)
+@pytest.mark.parametrize(
+    ("what", "said"),
+    [
+        ("folder", r"search is in use by another run \(pid \d+ on .*\): wait for it to end"),
+        ("study", r"^hparams_search: .*study.db is locked by another program \(.*database is locked"),
+    ],
+)
+def test_a_search_whose_folder_or_study_another_process_holds_is_one_line(
+    tmp_path: Path, what: str, said: str
+) -> None:
+    """Two copies of one search command: the second is refused before it touches the study, where it
+    would have taken the first's running trial for one cut short and run it again beside it. A study
+    another program holds open (a viewer) is named as such, not as a file that is no study."""
+    from lightspeed.core.config import ConfigError
+    from lightspeed.run import search
+
+    cfg = _search_cfg(tmp_path, "hparams_search.n_trials=2")
+    if what == "study":
+        search.run(cfg, lambda trial_cfg, _: _score(trial_cfg))  # a study to hold
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, what, str(tmp_path / "search")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=said):
+            search.run(_search_cfg(tmp_path, "hparams_search.n_trials=3"), lambda c, _: _score(c))
+    finally:
+        holder.kill()
+        holder.wait()
+    if what == "folder":
+        assert not (tmp_path / "search" / "study.db").exists()  # refused before it opened a study
+    else:
+        assert len(json.loads((tmp_path / "search" / SEARCH_FILE).read_text())["trials"]) == 2

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lightspeed.core.config import CONFIG_ERROR_EXIT, ConfigError, first_line
 from lightspeed.core.failures import TRAINING_FAILURE_EXIT
 from lightspeed.core.files import write_text_atomically
+from lightspeed.resilience import lock
 
 SEARCH_FILE = "search.json"
 #: Trials a search may ask for without a time budget (`timeout_s`): more is a search that never ends.
@@ -84,16 +85,21 @@ def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return found
 
 
-# radon C: killed trials rerun; pruned/failed/scored
-# radon C: one study, its cut trials, then ask/train/tell until n_trials
 def run(cfg: DictConfig, train: Any) -> float | None:
     """Run (or continue) the search `cfg.hparams_search` describes, each trial `train(trial_cfg,
-    callbacks)`; returns the best trial's score and writes `search.json` beside the study."""
+    callbacks)`; returns the best trial's score and writes `search.json` beside the study. One search
+    a folder, as one run: a second would take the first's running trial for one cut short."""
+    folder = Path(cfg.paths.output_dir)
+    with lock.held(folder):
+        return _search(cfg, train, folder)
+
+
+# radon C: killed trials rerun; pruned/failed/scored
+# radon C: one study, its cut trials, then ask/train/tell until n_trials
+def _search(cfg: DictConfig, train: Any, folder: Path) -> float | None:
     optuna = _optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = cfg.hparams_search
-    folder = Path(cfg.paths.output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
     metric, mode = cfg.monitor.metric, cfg.monitor.mode
     deadline = _deadline(search.n_trials, search.get("timeout_s"))
     space = {k: distribution(optuna, k, v) for k, v in _leaves(OmegaConf.to_container(search.params)).items()}
@@ -192,6 +198,11 @@ def _study_file(folder: Path) -> Iterator[None]:
         if isinstance(err, ConfigError):
             raise
         cause = first_line(err)[:200]
+        if "database is locked" in cause:  # another program has it open: a viewer, a search of its own
+            raise ConfigError(
+                f"hparams_search: {folder / 'study.db'} is locked by another program ({cause}): close it, "
+                "or run_name=<new name>"
+            ) from None
         raise ConfigError(
             f"hparams_search: {folder / 'study.db'} is not a study this search can continue ({cause}): move "
             "it away to start the search anew, or run_name=<new name>"
