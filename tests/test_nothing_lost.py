@@ -75,6 +75,30 @@ def test_a_reused_run_name_with_other_settings_is_refused_naming_the_keys(
     assert last.read_bytes() == before
 
 
+@pytest.mark.parametrize("debug", ["debug=fdr", "trainer.enable_checkpointing=false"])
+def test_a_run_without_checkpoints_into_a_trained_run_s_folder_is_refused_and_leaves_it(
+    tmp_path: Path, capsys, debug: str
+) -> None:
+    """`make train debug=fdr run_name=baseline` after baseline trained: its summary.json would have
+    replaced baseline's. Refused in one line, and the `.hydra/` files Hydra wrote at its start are the
+    trained run's again."""
+    from lightspeed.train import train_or_search
+
+    run = tmp_path / "train" / "runs" / "baseline"
+    kept = {run / "checkpoints" / "last.ckpt": "weights", run / "summary.json": "{}"}
+    kept |= {run / ".hydra" / name: f"- trained: {name}\n" for name in ("config.yaml", "overrides.yaml")}
+    for path, text in kept.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    code, line = _fails(
+        lambda: command_line(["run_name=baseline", debug], tmp_path, task=train_or_search), capsys
+    )
+    assert code == 2 and line.startswith("error: run_name=baseline holds a trained run (checkpoints in "), (
+        line
+    )
+    assert {path: path.read_text() for path in kept} == kept
+
+
 def test_the_run_folder_and_each_checkpoint_hold_the_identity_and_the_code_commit(
     train_cfg, run_dir: Path
 ) -> None:
@@ -108,7 +132,8 @@ def test_a_run_s_time_is_the_sum_of_its_attempts_preempted_resumed_and_rerun(
     assert total == round(sum(a["fit_seconds"] for a in attempts), 2) and total > attempts[-1]["fit_seconds"]
     row = next(iter(table({"run": json.loads((run_dir / "summary.json").read_text())}).columns[-1].cells))
     assert row == str(total)
-    train(train_cfg(*FIT, "debug=limit"))  # a debug run in its folder adds no attempt: it changes none
+    with pytest.raises(SystemExit):  # a debug run in its folder is refused (the test below): no attempt
+        train(train_cfg(*FIT, "debug=limit"))
     assert json.loads((run_dir / identity.RECORD_FILE).read_text())["attempts"] == attempts
 
 

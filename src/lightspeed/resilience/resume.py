@@ -108,9 +108,15 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
             raise ConfigError(f"ckpt_path={path} cannot be trained from: {reason}; pass another checkpoint")
         identity.write_record(run_dir, ident)
         return str(path), info
-    if cfg.trainer.get("enable_checkpointing", True) is False or cfg.trainer.get("fast_dev_run"):
-        return None, None  # a run that writes no checkpoints (debug=*) resumes none either
     folder = checkpoint_dir(cfg)
+    if cfg.trainer.get("enable_checkpointing", True) is False or cfg.trainer.get("fast_dev_run"):
+        if folder.is_dir() and any(folder.glob("*.ckpt")):  # its summary.json and curves would be replaced
+            raise ConfigError(
+                f"run_name={run_dir.name} holds a trained run (checkpoints in {folder}), and this run writes "
+                "no checkpoints (debug=..., trainer.enable_checkpointing=false): its summary would replace "
+                "that run's; use run_name=<new name>"
+            )
+        return None, None  # a run that writes no checkpoints (debug=*) resumes none either
     record = identity.read_record(run_dir)
     has_checkpoints = folder.is_dir() and any(folder.glob("*.ckpt"))
     if record is not None and has_checkpoints:

@@ -44,6 +44,7 @@ from lightspeed.core.config import (
     unreadable_yaml,
 )
 from lightspeed.core.failures import process_group_released
+from lightspeed.core.files import write_text_atomically
 from lightspeed.core.logs import route_to_run_log
 from lightspeed.resilience.identity import register_resolver
 
@@ -128,10 +129,15 @@ def _composing(err: BaseException) -> str | None:
 
 #: The run folders that did not exist when `Checks` saw the run start: Hydra made them for this run.
 _NEW_FOLDERS: set[Path] = set()
+#: The `.hydra/` files of a run folder that existed then: what Hydra writes over, a refused run puts back.
+_HYDRA_FILES: dict[Path, dict[str, str]] = {}
 
 
 def _remove_if_new(folder: Path, job: str) -> None:
-    """Remove a run folder Hydra made for this run if it holds only Hydra's files (`.hydra/`, the log)."""
+    """Remove a run folder Hydra made for this run if it holds only Hydra's files (`.hydra/`, the log); in
+    one that was there (another run's), put back the `.hydra/` files this run's start wrote over."""
+    for name, data in _HYDRA_FILES.pop(folder.resolve(), {}).items():
+        write_text_atomically(folder / ".hydra" / name, data)
     ours = {folder / ".hydra", folder / f"{job}.log"}
     if folder.resolve() not in _NEW_FOLDERS or not set(folder.iterdir()) <= ours:
         return
@@ -153,6 +159,7 @@ class Checks(Callback):
         _check(config)
         folder = Path(str(config.hydra.run.dir)).resolve()
         (_NEW_FOLDERS.discard if folder.exists() else _NEW_FOLDERS.add)(folder)  # as it is at this start
+        _HYDRA_FILES[folder] = {p.name: p.read_text() for p in folder.glob(".hydra/*.yaml") if p.is_file()}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check(config)
