@@ -82,19 +82,30 @@ def test_the_project_holds_the_user_s_part_under_its_name_and_pins_the_engine(ac
     assert texts["README.md"].startswith("# acme\n\nMade by Lightspeed's `make new-project` on ")
 
 
+def dry(project: Path, *args: str) -> str:
+    """What `make <args>` would run in the project (`make -n`)."""
+    proc = subprocess.run(["make", "-n", *args], cwd=project, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_the_project_s_bench_and_tune_measure_its_own_train_py(acme: Path) -> None:
+    """Its train.py may add callbacks or steps: what `make tune` and `make bench` time is that training
+    (tests/test_tune.py: a measured run is the module $LIGHTSPEED_TRAIN names)."""
+    for target in ("tune", "bench"):
+        assert f"LIGHTSPEED_TRAIN=acme.train .venv/bin/lightspeed {target} 'trainer.max_epochs=2'" in dry(
+            acme, target, "trainer.max_epochs=2"
+        )
+
+
 def test_the_project_s_container_is_its_own_and_runs_its_own_entry(acme: Path) -> None:
     """The same Dockerfile and docker targets as the template (tests/test_docker.py builds and runs them),
     named for the project and running its train.py; what make would run, read with `make -n`."""
     assert '\nCMD [".venv/bin/python", "-m", "acme.train"]\n' in (acme / "Dockerfile").read_text()
     assert {".venv*", "logs", "data"} <= set((acme / ".dockerignore").read_text().splitlines())
 
-    def dry(*args: str) -> str:
-        proc = subprocess.run(["make", "-n", *args], cwd=acme, capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
-
-    assert "docker build -t acme " in dry("docker-build")
-    train = dry("docker-train", "trainer.max_epochs=2", "IMAGE=acme:1", "LOGS=/tmp/acme-logs")
+    assert "docker build -t acme " in dry(acme, "docker-build")
+    train = dry(acme, "docker-train", "trainer.max_epochs=2", "IMAGE=acme:1", "LOGS=/tmp/acme-logs")
     assert '-v "/tmp/acme-logs:/app/logs" ' in train and f'-v "{acme}/data:/app/data" ' in train
     assert " acme:1 .venv/bin/python -m acme.train 'trainer.max_epochs=2'" in train, train
     assert '--user "$(id -u):$(id -g)"' in train and "bash scripts/exit_code.sh" in train

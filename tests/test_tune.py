@@ -244,3 +244,24 @@ def test_a_real_tune_on_the_cpu_killed_and_rerun_writes_accel_tuned_that_trains(
     assert (folder / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     run = run_module("lightspeed.train", "experiment=diabetes_mlp", "accel=tuned", "debug=fdr", cwd=root)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_a_measured_run_and_a_results_check_run_the_train_module_lightspeed_train_names(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A project's Makefile sets LIGHTSPEED_TRAIN=<name>.train: its train.py (its callbacks, its steps) is
+    what is measured and checked, not the engine's. Here a module of the test's that says who ran it."""
+    from lightspeed.speed import measure as measuring
+
+    (tmp_path / "mytrain.py").write_text(
+        "import sys\n"
+        "print('error: mytrain ran with', ' '.join(sys.argv[1:3]), file=sys.stderr)\n"
+        "sys.exit(3)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("LIGHTSPEED_TRAIN", "mytrain")
+    said = {"error": "error: mytrain ran with model=mlp accel.threads=1", "exit": 3}
+    assert measuring.measure(["model=mlp", "accel.threads=1"], 10, "auto", tmp_path / "m") == said
+    assert tune.check_metric(["model=mlp", "accel.threads=1"], tmp_path / "c") == said
+    monkeypatch.delenv("LIGHTSPEED_TRAIN")
+    assert measuring.train_command() == [sys.executable, "-m", "lightspeed.train"]

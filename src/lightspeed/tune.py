@@ -349,7 +349,7 @@ class Tuner:
 
 def check_metric(overrides: list[str], folder: Path) -> dict:
     """A short training's monitored metric at its best checkpoint (summary.json), or {"error": its line}."""
-    cmd = [sys.executable, "-m", "lightspeed.train", *overrides, *CHECK_RUN, f"hydra.run.dir={folder}"]
+    cmd = [*measuring.train_command(), *overrides, *CHECK_RUN, f"hydra.run.dir={folder}"]
     if error := measuring.run_process(cmd, folder):
         return error
     summary = json.loads((folder / "summary.json").read_text())

@@ -31,11 +31,17 @@ RUN = [
 ]
 
 
+def train_command() -> list[str]:
+    """The training a measured run is: a project's own train.py (its Makefile sets $LIGHTSPEED_TRAIN to
+    `<name>.train`, whose callbacks and steps are part of what it trains), else the engine's."""
+    return [sys.executable, "-m", os.environ.get("LIGHTSPEED_TRAIN") or "lightspeed.train"]
+
+
 def measure(overrides: list[str], steps: int, warmup: str, run_dir: Path) -> dict:
     """One training process in steady state, as a preset row of `make bench` runs and `make tune` measures:
     its speed.json and final loss, or {"error": its last line}."""
     length = steps + (MAX_WARMUP if warmup == "auto" else int(warmup))  # the span of its LR schedule
-    cmd = [sys.executable, "-m", "lightspeed.train", *overrides, *RUN, f"++trainer.max_steps={length}"]
+    cmd = [*train_command(), *overrides, *RUN, f"++trainer.max_steps={length}"]
     cmd += [f"hydra.run.dir={run_dir}", f"++callbacks.speed_report.warmup_steps={warmup}"]
     cmd += [f"++callbacks.speed_report.max_timed_steps={steps}"]
     error = run_process(cmd, run_dir)
