@@ -75,7 +75,19 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_two_task_job_trains_the_run_that_the_same_command_by_hand_trains(slurm, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def by_hand(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The weights of the same run started by hand, never stopped: what every job must end with (the pause
+    of the signalled jobs only sleeps), trained once for the module."""
+    folder = tmp_path_factory.mktemp("by_hand")
+    proc = run_module("lightspeed.train", *RUN, f"hydra.run.dir={folder / 'hand'}", cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return weights(folder / "hand")
+
+
+def test_a_two_task_job_trains_the_run_that_the_same_command_by_hand_trains(
+    slurm, by_hand: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
     job = submit(slurm, tmp_path)
     wait_until(
         lambda: job_state(job, slurm) in ("COMPLETED", "FAILED", "CANCELLED", "GONE"),
@@ -87,9 +99,7 @@ def test_a_two_task_job_trains_the_run_that_the_same_command_by_hand_trains(slur
     assert job_state(job, slurm) == "COMPLETED", out[-3000:]
     assert out.count("Lightspeed: training finished") == 1 and "Traceback" not in out
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in out  # both ranks started by SLURM, none by Lightning
-    by_hand = run_module("lightspeed.train", *RUN, f"hydra.run.dir={tmp_path / 'hand'}", cwd=tmp_path)
-    assert by_hand.returncode == 0, by_hand.stderr[-3000:]
-    assert same(weights(tmp_path / "run"), weights(tmp_path / "hand"))
+    assert same(weights(tmp_path / "run"), by_hand)
 
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "GONE")
@@ -102,15 +112,8 @@ def after_first_checkpoint(job: str, env: dict[str, str], folder: Path) -> None:
     time.sleep(1.0)  # into the second epoch
 
 
-def uninterrupted(folder: Path) -> dict[str, torch.Tensor]:
-    """The same run, never stopped, as the command started by hand (the first test: the same weights)."""
-    by_hand = run_module("lightspeed.train", *RUN, *PAUSE, f"hydra.run.dir={folder / 'whole'}", cwd=folder)
-    assert by_hand.returncode == 0, by_hand.stderr[-3000:]
-    return weights(folder / "whole")
-
-
 def test_a_job_signalled_before_its_end_saves_is_requeued_and_ends_as_if_never_stopped(
-    slurm, tmp_path: Path
+    slurm, by_hand: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
     """SLURM's warning before a time limit (--signal=USR1@90), sent by hand: the ranks save at the next
     step, rank 0 requeues the job, SLURM runs the script again, and it continues from the checkpoint."""
@@ -124,10 +127,12 @@ def test_a_job_signalled_before_its_end_saves_is_requeued_and_ends_as_if_never_s
     assert job_state(job, slurm) == "COMPLETED", said[-3000:]
     assert said.count("preempted by SIGUSR1: saved") == 1 and f"requeued SLURM job {job}" in said
     assert said.count("Lightspeed: training finished") == 1
-    assert same(weights(tmp_path / "run"), uninterrupted(tmp_path))
+    assert same(weights(tmp_path / "run"), by_hand)
 
 
-def test_a_cancelled_job_submitted_again_continues_where_it_stopped(slurm, tmp_path: Path) -> None:
+def test_a_cancelled_job_submitted_again_continues_where_it_stopped(
+    slurm, by_hand: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
     job = submit(slurm, tmp_path, *PAUSE)
     after_first_checkpoint(job, slurm, tmp_path)
     subprocess.run(["scancel", job], env=slurm, check=True)  # SIGTERM to every task, then SIGKILL
@@ -140,4 +145,4 @@ def test_a_cancelled_job_submitted_again_continues_where_it_stopped(slurm, tmp_p
     wait_until(lambda: job_state(again, slurm) in FINAL, 300, "the second job", tmp_path)
     said = (tmp_path / f"slurm-{again}.out").read_text()
     assert job_state(again, slurm) == "COMPLETED" and "resume=auto: continuing from" in said, said[-3000:]
-    assert same(weights(tmp_path / "run"), uninterrupted(tmp_path))
+    assert same(weights(tmp_path / "run"), by_hand)
