@@ -42,6 +42,7 @@ KEYS = {
     "epoch_end_seconds",
     "validations",
     "batches_per_epoch",
+    "has_4d_weights",
 }
 
 
@@ -62,6 +63,7 @@ def test_report_is_consistent_with_what_ran(train_cfg, run_dir: Path) -> None:
     # the CNN on a 64-image batch: forward ~1.2 MFLOP an image, backward about twice that
     assert 1.5e8 < r["flops_per_batch"] < 3.5e8
     assert r["mfu"] is None and r["peak_flops"] is None  # no peak figure for a CPU
+    assert r["has_4d_weights"] is True  # the CNN's convolutions: channels_last has something to reorder
     metrics = (run_dir / "csv" / "version_0" / "metrics.csv").read_text()
     assert "speed/samples_per_s" in metrics.splitlines()[0]  # the same numbers reach the logger
 
@@ -90,6 +92,7 @@ def test_data_wait_diagnosis_fires_on_slow_data(train_cfg, run_dir: Path, caplog
     """On a controlled clock: each batch takes 10 s to arrive (no real waiting), whatever the load."""
     r = _on_a_controlled_clock(train_cfg, run_dir, caplog, monkeypatch, "+data.delay=10")
     assert r["data_wait_share"] > 0.95
+    assert r["has_4d_weights"] is False  # an MLP: make tune does not measure channels_last for it
     notes = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("speed: data loading")]
     assert len(notes) == 1 and "data.num_workers" in notes[0] and "data.on_device" in notes[0]
 

@@ -27,9 +27,11 @@ class Machine:
     """A fake machine: each run's samples/s from the overrides it was given (the last value of a key wins,
     as on the command line), a fixed cost in seconds on a clock the test reads, and every call counted."""
 
-    def __init__(self, rates: dict[str, list[float]], seconds: float = 10.0, metric: dict | None = None):
+    def __init__(
+        self, rates: dict[str, list[float]], seconds: float = 10.0, metric: dict | None = None, **model: bool
+    ):
         self.rates, self.seconds, self.now, self.calls = rates, seconds, 0.0, []
-        self.metrics = metric or {}
+        self.metrics, self.model = metric or {}, model  # `model`: what speed.json says of the model
 
     def clock(self) -> float:
         return self.now
@@ -41,8 +43,8 @@ class Machine:
         for key in reversed(overrides):
             if key in self.rates:
                 values = self.rates[key]
-                return {"samples_per_s": values[repeat % len(values)], "peak_rss_gib": 1.0}
-        return {"samples_per_s": [100.0, 104.0, 96.0][repeat % 3], "peak_rss_gib": 1.0}
+                return {"samples_per_s": values[repeat % len(values)], "peak_rss_gib": 1.0, **self.model}
+        return {"samples_per_s": [100.0, 104.0, 96.0][repeat % 3], "peak_rss_gib": 1.0, **self.model}
 
     def check(self, overrides: list[str], folder: Path) -> dict:
         self.now += self.seconds
@@ -58,6 +60,27 @@ def tuner(machine: Machine, out: Path, **settings) -> tune.Tuner:
 
 def rows(t: tune.Tuner, knob: str) -> dict[str, tune.Choice]:
     return {c.label: c for c in t.rows if c.knob == knob}
+
+
+@pytest.mark.parametrize("has_4d_weights", [False, True])
+def test_channels_last_is_measured_only_for_a_model_with_4d_weights(
+    tmp_path: Path, has_4d_weights: bool
+) -> None:
+    """It reorders 4-D tensors only: for a GPT or an MLP it changes nothing, and measuring it can only let a
+    noise win through (it did, on sort_gpt). The runs' speed.json says whether the model has any."""
+    machine = Machine({"accel.channels_last=true": [500.0]}, has_4d_weights=has_4d_weights)  # would win
+    t = tuner(machine, tmp_path)
+    best = t.tune(tune.knobs(CPU, numerics=False))
+    assert any("accel.channels_last=true" in call for call in machine.calls) is has_4d_weights
+    assert ("accel.channels_last=true" in best) is has_4d_weights
+    if not has_4d_weights:
+        (row,) = rows(t, "channels_last").values()
+        assert row.label == "off" and not row.runs and row.chosen
+        assert row.reason == "not measured: the model has no 4-D weights, the only tensors it reorders"
+        assert (
+            "| channels_last | off | - | - (0x) | - | yes | not measured: the model has no 4-D"
+            in "\n".join(tune.table_lines(t.rows))
+        )
 
 
 def test_only_a_knob_faster_by_more_than_the_spread_is_chosen(tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ class Knob:
     choices: Choices
     numerics: bool = False
     when: tuple[str, tuple[str, ...]] | None = None  # tried only when that knob ended on one of these labels
+    needs: tuple[str, str] | None = None  # (a key of the runs' speed.json, why): tried only where it is true
 
     def applies(self, chosen: dict[str, str]) -> bool:
         return self.when is None or chosen.get(self.when[0]) in self.when[1]
@@ -110,7 +111,11 @@ def knobs(facts: dict[str, Any], numerics: bool) -> list[Knob]:
         fewer = sorted({n for n in (1, cpus // 2) if 1 <= n < cpus}, reverse=True)
         found += [Knob("CPU threads", _values("accel.threads", ("auto", *fewer)))]
     found += [
-        Knob("channels_last", _on_off("accel.channels_last")),
+        Knob(
+            "channels_last",
+            _on_off("accel.channels_last"),
+            needs=("has_4d_weights", "the model has no 4-D weights, the only tensors it reorders"),
+        ),
         Knob("matmul precision", _values("accel.matmul_precision", ("highest", "high"))),
         Knob("optimizer kernels", _values("accel.optimizer_impl", ("torch", "foreach", "fused"))),
         Knob("torch.compile", _on_off("accel.compile")),
@@ -303,6 +308,10 @@ class Tuner:
         for i, knob in enumerate(all_knobs):
             if not knob.applies({name: label for name, (label, _) in state.items()}):
                 continue
+            if knob.needs and self.measured(knob.needs[0]) is False:  # idle for this model: noise to measure
+                said = f"not measured: {knob.needs[1]}"
+                self.rows.append(Choice(knob.name, knob.choices[0][0], [], chosen=True, reason=said))
+                continue
             try:
                 state[knob.name] = self._knob(knob, state)
             except OutOfBudget:
@@ -310,6 +319,10 @@ class Tuner:
                 self.unmeasured = [k.name for k in all_knobs[i:] if k.applies(chosen)]
                 break
         return [o for _, overrides in state.values() for o in overrides]
+
+    def measured(self, key: str) -> Any:
+        """What the runs measured so far say of `key` (speed.json's), or None where none says."""
+        return next((r[key] for c in self.rows for r in c.runs if key in r), None)
 
     def _knob(self, knob: Knob, state: dict[str, tuple[str, tuple[str, ...]]]) -> tuple[str, tuple[str, ...]]:
         def overrides(choice: tuple[str, ...]) -> list[str]:

@@ -202,6 +202,8 @@ class SpeedReport(L.Callback):
             ),
             "batches_per_epoch": int(batches) if batches != float("inf") else None,
             "validations": self.validations,
+            # channels_last reorders 4-D tensors only: without such weights it changes nothing (make tune)
+            "has_4d_weights": any(p.dim() == 4 for p in trainer.lightning_module.parameters()),
         }
         if dev.type == "cuda":
             report["peak_allocated_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
