@@ -4,7 +4,7 @@ line runs it, in process: Hydra's composition and the checks (`conftest.command_
 batch.
 
 The fast suite runs a sample of the cases drawn with a fixed seed (the same cases on every run, so a red
-run reproduces; FUZZ_SEED=<n> draws another); the slow suite runs them all."""
+run reproduces; FUZZ_SEED=<n> draws another); the slow suite runs the rest, so the two run every case once."""
 
 from __future__ import annotations
 

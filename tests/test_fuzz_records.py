@@ -6,7 +6,7 @@ search), ends in a correct result or one line (exit 2, or a `make compare` error
 hang. (search.json is written, never read back.)
 
 The mutations are drawn from a fixed seed: the fast suite runs a sample (the same cases on every run;
-FUZZ_SEED=<n> draws another), the slow suite runs them all."""
+FUZZ_SEED=<n> draws another), the slow suite the rest: every case once between them."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ turned scalar, a key added, its defaults or package line changed), given as a ne
 `--config-dir` and run as the command line runs it (Hydra, the checks, then `train` on one batch): each ends
 as a run or in one line (exit 2, or 3 for a training failure it explains), never a traceback.
 
-The fast suite runs a fixed-seed sample (FUZZ_SEED=<n> draws another); the slow suite runs them all."""
+The fast suite runs a fixed-seed sample (FUZZ_SEED=<n> draws another); the slow suite the rest."""
 
 from __future__ import annotations
 

@@ -99,6 +99,29 @@ def test_a_run_without_checkpoints_into_a_trained_run_s_folder_is_refused_and_le
     assert {path: path.read_text() for path in kept} == kept
 
 
+def test_a_run_that_started_in_its_folder_keeps_its_hydra_files_when_it_ends_in_one_line(
+    tmp_path: Path, capsys
+) -> None:
+    """A resumed run with a new setting that trains, then ends in a one-line error (exit 2): the folder's
+    `.hydra/` files are this command's, which trained it, not put back to the earlier one's."""
+    from lightspeed.run.entry import keep_hydra_files
+
+    overrides = tmp_path / "train" / "runs" / "r" / ".hydra" / "overrides.yaml"
+    overrides.parent.mkdir(parents=True)
+    overrides.write_text("- the earlier command\n")
+
+    def started_then_refused(cfg) -> None:
+        keep_hydra_files()  # as Run does once it passed its checks and resume
+        raise SystemExit(2)
+
+    with pytest.raises(SystemExit):
+        command_line(["run_name=r", "trainer.max_epochs=20"], tmp_path, task=started_then_refused)
+    assert "trainer.max_epochs=20" in overrides.read_text()
+    with pytest.raises(SystemExit):  # refused before it started: put back
+        command_line(["run_name=r", "trainer.max_epochs=30"], tmp_path, task=lambda cfg: sys.exit(2))
+    assert "trainer.max_epochs=20" in overrides.read_text()
+
+
 def test_the_run_folder_and_each_checkpoint_hold_the_identity_and_the_code_commit(
     train_cfg, run_dir: Path
 ) -> None:

@@ -84,7 +84,14 @@ def test_only_what_a_module_is_built_from_comes_from_the_data_and_eval_rebuilds_
         "pictures): give it one returning a dict of tensors (docs/guide.md)"
     ]
     assert not list(run_dir.parent.parent.parent.glob("eval/runs/*/predictions.csv"))
-    forwarding = train(train_cfg(*TINY, "model._target_=probes.ForwardingClassifier", "debug=fdr"))
+    forwarding = train(  # a debug run: a folder of its own (the trained run's is refused to it)
+        train_cfg(
+            *TINY,
+            "model._target_=probes.ForwardingClassifier",
+            "debug=fdr",
+            f"paths.output_dir={run_dir.parent / 'fwd'}",
+        )
+    )
     assert forwarding.model.hparams["num_classes"] == 10  # `**kwargs` passed on: the base class's arguments
 
 

@@ -26,7 +26,7 @@ from lightspeed.core.logs import silence_known_noise
 from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.run import build, monitor, search, tracking
-from lightspeed.run.entry import hydra_entry
+from lightspeed.run.entry import hydra_entry, keep_hydra_files
 from lightspeed.speed import accel
 
 
@@ -140,6 +140,7 @@ class Run:
             tracking.continue_runs(cfg)
             with writing_run_folder():
                 resume_from, resumed = resume.start(cfg, ident)
+        keep_hydra_files()  # started in its folder: a later one-line error does not put back the old ones
         OmegaConf.set_readonly(cfg, True)
         self._held.callback(OmegaConf.set_readonly, cfg, None)  # the caller's again when the run ends
         accel.apply_to_torch(cfg)

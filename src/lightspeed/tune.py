@@ -521,9 +521,12 @@ def main(argv: list[str] | None = None) -> int:
         found = facts(user)
     except Exception:  # the run itself says what is wrong with the overrides, in the engine's one line
         return _refused(user)
-    # the folder is the measurements' identity: what they depend on (not the budget, repeats or checks)
+    # the folder is the measurements' identity: what they depend on (not the budget, repeats or checks),
+    # the training measured (a project's train.py) included
     tag = hashlib.sha256(
-        json.dumps([user, settings["steps"], found, torch.__version__]).encode()
+        json.dumps(
+            [user, settings["steps"], found, torch.__version__, measuring.train_command()[-1]]
+        ).encode()
     ).hexdigest()[:8]
     out = Path("logs") / "tune" / f"{'_'.join(_words(user)) or 'default'}-{tag}"
     all_knobs = knobs(found, bool(settings["numerics"]))

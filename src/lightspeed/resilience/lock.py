@@ -32,8 +32,7 @@ def held(run_dir: Path) -> Iterator[None]:
     """Hold the run folder's lock for the block, or raise ConfigError naming its holder. Only the first
     process of a run locks: under DDP, Lightning starts the other ranks into the same folder later, and
     they (and the other nodes' ranks) are the same run."""
-    node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
-    if fcntl is None or rank_zero_only.rank != 0 or node != "0":  # another node's first process too
+    if fcntl is None or not first_process():
         yield
         return
     handle = acquire(run_dir)
@@ -41,6 +40,12 @@ def held(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         handle.close()  # releases the lock
+
+
+def first_process() -> bool:
+    """Global rank 0: not a rank Lightning, torchrun or SLURM started beside it, nor another node's first."""
+    node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
+    return rank_zero_only.rank == 0 and node == "0"
 
 
 def acquire(run_dir: Path) -> IO[str]:

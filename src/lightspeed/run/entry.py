@@ -46,6 +46,7 @@ from lightspeed.core.config import (
 from lightspeed.core.failures import process_group_released
 from lightspeed.core.files import write_text_atomically
 from lightspeed.core.logs import route_to_run_log
+from lightspeed.resilience import lock
 from lightspeed.resilience.identity import register_resolver
 
 register_resolver()
@@ -129,15 +130,22 @@ def _composing(err: BaseException) -> str | None:
 
 #: The run folders that did not exist when `Checks` saw the run start: Hydra made them for this run.
 _NEW_FOLDERS: set[Path] = set()
-#: The `.hydra/` files of a run folder that existed then: what Hydra writes over, a refused run puts back.
-_HYDRA_FILES: dict[Path, dict[str, str]] = {}
+#: The `.hydra/` files of a run folder that existed then: what Hydra writes over, a run refused before it
+#: started (the first process of it) puts back.
+_HYDRA_FILES: dict[Path, dict[Path, str]] = {}
+
+
+def keep_hydra_files() -> None:
+    """The run has started in its folder (it passed its checks and resume): its `.hydra/` files stay, even
+    if it later ends in a one-line error."""
+    _HYDRA_FILES.clear()
 
 
 def _remove_if_new(folder: Path, job: str) -> None:
     """Remove a run folder Hydra made for this run if it holds only Hydra's files (`.hydra/`, the log); in
     one that was there (another run's), put back the `.hydra/` files this run's start wrote over."""
-    for name, data in _HYDRA_FILES.pop(folder.resolve(), {}).items():
-        write_text_atomically(folder / ".hydra" / name, data)
+    for path, data in _HYDRA_FILES.pop(folder.resolve(), {}).items():
+        write_text_atomically(path, data)
     ours = {folder / ".hydra", folder / f"{job}.log"}
     if folder.resolve() not in _NEW_FOLDERS or not set(folder.iterdir()) <= ours:
         return
@@ -159,7 +167,9 @@ class Checks(Callback):
         _check(config)
         folder = Path(str(config.hydra.run.dir)).resolve()
         (_NEW_FOLDERS.discard if folder.exists() else _NEW_FOLDERS.add)(folder)  # as it is at this start
-        _HYDRA_FILES[folder] = {p.name: p.read_text() for p in folder.glob(".hydra/*.yaml") if p.is_file()}
+        subdir = config.hydra.get("output_subdir")
+        if subdir is not None and lock.first_process():  # the other ranks' Hydra writes the same files
+            _HYDRA_FILES[folder] = {p: p.read_text() for p in (folder / subdir).glob("*.yaml") if p.is_file()}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check(config)
@@ -246,7 +256,18 @@ def _source_folder(source: Any) -> Path | None:
 
 
 #: Flags that take a value: the value is not an override.
-_WITH_VALUE = {"--config-dir", "-cd", "--config-name", "-cn", "--cfg", "-c", "--package", "-p", "--info"}
+_WITH_VALUE = {
+    "--config-dir",
+    "-cd",
+    "--config-name",
+    "-cn",
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--info",
+    "-i",
+}
 
 
 def check_flags(args: list[str]) -> None:
@@ -306,7 +327,7 @@ def unused_group(key: str, value: str, config_name: str) -> str:
     config its run trained with, so for eval and export the fix is which checkpoint."""
     says = f"{key}={value}: {config_name} has no {key} to choose"
     own = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
-    if "ckpt_path" in own:
+    if own.get("ckpt_path") == "latest":  # eval's and export's: a checkpoint to read (train's: to start from)
         return (
             f"{says}; it uses the config the checkpoint's run trained with: choose that run with "
             "ckpt_path=logs/train/runs/<run>/checkpoints/<file>.ckpt (latest: the newest run's best)"
@@ -331,8 +352,14 @@ def grammar_error(arg: str) -> str | None:
         OverridesParser.create().parse_overrides([arg])
     except HydraException as err:
         text = str(err)
-        if "LexerNoViableAlt" in text:  # a character outside the grammar: a digit of another script
-            return f"{arg} cannot be read: use plain ASCII digits and key=value (quote values with spaces)"
+        if "LexerNoViableAlt" in text:  # a character outside the grammar
+            if any(c.isdigit() and not c.isascii() for c in arg):  # a digit of another script
+                return (
+                    f"{arg} cannot be read: use plain ASCII digits and key=value (quote values with spaces)"
+                )
+            return (
+                f"{arg} cannot be read: a character Hydra's override grammar does not take; quote the value"
+            )
         said = (line for line in text.splitlines() if not line.startswith(("Error parsing", "See https")))
         reason = next((line.strip() for line in said if line.strip()), "not key=value")
         reason = re.sub(r" expecting \{.*", "", reason)  # the grammar's two dozen token names

@@ -202,8 +202,9 @@ class SpeedReport(L.Callback):
             ),
             "batches_per_epoch": int(batches) if batches != float("inf") else None,
             "validations": self.validations,
-            # channels_last reorders 4-D tensors only: without such weights it changes nothing (make tune)
-            "has_4d_weights": any(p.dim() == 4 for p in trainer.lightning_module.parameters()),
+            # channels_last reorders 4-D tensors only: without such weights it changes nothing (make tune).
+            # Conv2d modules too: FSDP's flat shards are 1-D by the fit's end.
+            "has_4d_weights": _has_4d_weights(trainer.lightning_module),
         }
         if dev.type == "cuda":
             report["peak_allocated_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
@@ -266,6 +267,12 @@ def measure_flops(pl_module: L.LightningModule, batch: Any) -> float | None:
 def _first(batch: Any) -> Any:
     """The inputs of an (inputs, targets, ...) batch, or the batch itself."""
     return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+def _has_4d_weights(module: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.Conv2d) for m in module.modules()) or any(
+        p.dim() == 4 for p in module.parameters()
+    )
 
 
 def _quantile(values: list[float], q: float) -> float:
