@@ -195,6 +195,7 @@ def test_a_faster_numerics_knob_is_kept_only_with_the_baseline_s_results(
     assert list(batch) == ["32x1", "16x2", "8x4", "4x8"]  # the effective batch kept: 32
 
 
+@pytest.mark.slow  # two training processes (~20 s)
 def test_the_results_check_reads_the_monitored_metric_of_a_real_short_training(tmp_path: Path) -> None:
     """check_metric trains in a process of its own and reads the monitor and its best value from
     summary.json: val/mse, minimised, for the diabetes MLP."""
