@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ from lightspeed.testing import QUIET
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
+#: For copying conf/: leaves out what belongs to this machine and git ignores (conf/local/, make tune's file).
+MACHINE_FILES = shutil.ignore_patterns("local", "tuned.yaml")
 
 # Keep small runs small: tiny CPU runs are slower with many intra-op threads on a shared 2-core box, and
 # `make test` runs a pytest process per core (pytest-xdist): a thread each, then.

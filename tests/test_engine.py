@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MACHINE_FILES
 from lightspeed import CONF_DIR, ENGINE_CONF, __version__
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +101,7 @@ def test_installed_from_the_wheel_it_says_its_version_and_trains_a_project_of_on
     assert where.startswith(str(venv)), where  # the wheel's copy, not this checkout's
 
     project = tmp_path / "project"
-    shutil.copytree(REPO / "conf", project / "conf", ignore=shutil.ignore_patterns("local"))
+    shutil.copytree(REPO / "conf", project / "conf", ignore=MACHINE_FILES)
     assert not any((project / "conf" / group).exists() for group in ENGINE_GROUPS)
     # a project adds an option to an engine group with a file of its own
     (project / "conf" / "trainer").mkdir()
@@ -147,7 +148,7 @@ def test_lightspeed_viz_is_eval_with_viz_on() -> None:
 @pytest.mark.slow  # over 9 s on the 2-core CI machine: make test stays within 4 minutes
 def test_a_project_s_file_adds_an_option_to_an_engine_group_or_replaces_one(tmp_path: Path) -> None:
     conf = tmp_path / "conf"
-    shutil.copytree(CONF_DIR, conf, ignore=shutil.ignore_patterns("local"))
+    shutil.copytree(CONF_DIR, conf, ignore=MACHINE_FILES)
     (conf / "trainer").mkdir()
     (conf / "trainer" / "short.yaml").write_text("defaults:\n  - default\nmax_epochs: 1\n")
     (conf / "accel").mkdir()

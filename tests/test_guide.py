@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import MACHINE_FILES, REPO
 
 GUIDE = (REPO / "docs" / "guide.md").read_text()
 
@@ -28,7 +28,7 @@ def block(after: str, language: str) -> str:
 def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     project = tmp_path / "project"
     shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    shutil.copytree(REPO / "conf", project / "conf")
+    shutil.copytree(REPO / "conf", project / "conf", ignore=MACHINE_FILES)
     (project / "src/lightspeed/data/waves.py").write_text(block("## Add a data set", "python"))
     (project / "conf/data/waves.yaml").write_text(block("conf/data/waves.yaml", "yaml"))
     (project / "src/lightspeed/models/nets/conv1d.py").write_text(block("## Add a net", "python"))
@@ -44,7 +44,7 @@ def test_the_guide_s_changes_train(tmp_path: Path) -> None:
     tagger_yaml = GUIDE[GUIDE.index("conf/data/tags.yaml` and") :]
     (project / "conf/model/tagger.yaml").write_text(re.findall(r"```yaml\n(.*?)```", tagger_yaml, re.S)[1])
     added = ["src/lightspeed/data", "src/lightspeed/models", "conf"]  # nothing else of src/lightspeed
-    (project / "conf/accel").mkdir()
+    (project / "conf/accel").mkdir(exist_ok=True)  # there after make tune (its tuned.yaml is not copied)
     (project / "conf/accel/bf16.yaml").write_text(block("conf/accel/bf16.yaml", "yaml"))
     for primary in (project / "conf/train.yaml", project / "conf/eval.yaml"):
         line = "  - accel: default"

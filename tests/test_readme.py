@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MACHINE_FILES
 from lightspeed import CONF_DIR
 from test_engine import lightspeed
 
@@ -21,7 +22,7 @@ def test_the_readme_is_short() -> None:
 def test_the_first_change_is_an_experiment_that_composes_as_written(tmp_path: Path) -> None:
     yaml = re.search(r"`conf/experiment/digits_wide\.yaml`:\n\n```yaml\n(.*?)```", README, re.S)[1]
     conf = tmp_path / "conf"
-    shutil.copytree(CONF_DIR, conf, ignore=shutil.ignore_patterns("local"))
+    shutil.copytree(CONF_DIR, conf, ignore=MACHINE_FILES)
     (conf / "experiment" / "digits_wide.yaml").write_text(yaml)
     assert "make train experiment=digits_wide" in README
     proc = lightspeed("train", "experiment=digits_wide", "--cfg", "job", cwd=tmp_path, conf=conf)
