@@ -109,8 +109,9 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
         identity.write_record(run_dir, ident)
         return str(path), info
     folder = checkpoint_dir(cfg)
+    has_checkpoints = folder.is_dir() and any(folder.glob("*.ckpt"))
     if cfg.trainer.get("enable_checkpointing", True) is False or cfg.trainer.get("fast_dev_run"):
-        if folder.is_dir() and any(folder.glob("*.ckpt")):  # its summary.json and curves would be replaced
+        if has_checkpoints:  # its summary.json and curves would be replaced
             raise ConfigError(
                 f"run_name={run_dir.name} holds a trained run (checkpoints in {folder}), and this run writes "
                 "no checkpoints (debug=..., trainer.enable_checkpointing=false): its summary would replace "
@@ -118,7 +119,6 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
             )
         return None, None  # a run that writes no checkpoints (debug=*) resumes none either
     record = identity.read_record(run_dir)
-    has_checkpoints = folder.is_dir() and any(folder.glob("*.ckpt"))
     if record is not None and has_checkpoints:
         diffs = identity.differences(record["config"], ident)
         if diffs:

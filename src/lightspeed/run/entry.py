@@ -80,7 +80,7 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
             return task(cfg)  # Hydra sweepers read the return value
         except SystemExit as stop:
             if stop.code == 2:  # the task refused its config: a folder of Hydra's files alone is not a run
-                _remove_if_new(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().job.name)
+                _undo_refused_start(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().job.name)
             raise
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of printing a dozen lines
@@ -141,7 +141,7 @@ def keep_hydra_files() -> None:
     _HYDRA_FILES.clear()
 
 
-def _remove_if_new(folder: Path, job: str) -> None:
+def _undo_refused_start(folder: Path, job: str) -> None:
     """Remove a run folder Hydra made for this run if it holds only Hydra's files (`.hydra/`, the log); in
     one that was there (another run's), put back the `.hydra/` files this run's start wrote over."""
     for path, data in _HYDRA_FILES.pop(folder.resolve(), {}).items():
