@@ -20,8 +20,8 @@ docker-build:  ## the image, installed as the README says (VARIANT=cpu: without 
 	docker build -t $(IMAGE) $(if $(filter cpu,$(VARIANT)),$(CPU_VARIANT)) $(DOCKER_BUILD) .
 
 docker-train:  ## train in the image with logs/ and data/ from here: KEY=VALUE overrides, ARGS="..."
-	$(docker_run) .venv/bin/python -m lightspeed.train $(if $(MULTIRUN),$(MULTIRUN) )$(OVERRIDES)$(if $(REST), $(REST)) \
+	$(docker_run) .venv/bin/python -m lightspeed.train $(HYDRA_ARGS) \
 		|| bash scripts/exit_code.sh $$? docker-train
 
 docker-doctor:  ## make doctor in the image: its CUDA, and whether this host's driver can run it
-	$(docker_run) make doctor ARGS="$(ARGS)" || bash scripts/exit_code.sh $$? docker-doctor
+	$(docker_run) make doctor ARGS=$(call _sq,$(value ARGS)) || bash scripts/exit_code.sh $$? docker-doctor

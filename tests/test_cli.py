@@ -256,7 +256,7 @@ def test_make_passes_overrides_through_in_order() -> None:
     )
     assert re.search(
         r"-m lightspeed\.train 'trainer\.max_epochs=3' 'data\.batch_size=128' 'model=mlp' "
-        r"\+trainer\.max_time=00:00:01:00 ~logger \|\|",
+        r"\+trainer\.max_time=00:00:01:00 '~logger' \|\|",
         line,
     ), line
 
