@@ -15,6 +15,7 @@ import torch
 from conftest import TINY
 from lightspeed.core.config import ConfigError, _repository_class, user_packages
 from lightspeed.eval import run as evaluate
+from lightspeed.resilience.identity import MODEL_CONFIG_KEY
 from lightspeed.train import train
 
 QUIET = [o for o in TINY if "batches" not in o and "max_epochs" not in o]
@@ -31,10 +32,11 @@ def test_a_classifier_on_regression_data_is_one_line_naming_the_models_that_fit(
     with pytest.raises(SystemExit) as stop:
         train(train_cfg("data=diabetes", "model=mlp"))
     assert stop.value.code == 2
-    assert one_line(capsys) == (
-        "error: model=mlp (Classifier) takes no num_targets, which data=diabetes (DiabetesDataModule) gives "
-        "(its model_args(): input_shape, num_targets, target_mean, target_std): choose a model for this data "
-        "(model=linear, model=regressor)"
+    line = one_line(capsys)  # what it lacks (num_classes), what the data gives, and the models that fit
+    assert line.startswith("error: model=mlp (Classifier) is built from num_classes, which data=diabetes")
+    assert (
+        "input_shape, num_targets, target_mean, target_std" in line
+        and "(model=linear, model=regressor)" in line
     )
 
 
@@ -207,16 +209,20 @@ def test_a_checkpoint_cannot_name_code_to_run_as_its_model_or_its_net(
     for where, target, said in (
         ("model", "shutil.rmtree", "crafted.ckpt names model._target_=shutil.rmtree, a class that no yaml"),
         ("model", "lightspeed.resilience.checkpoint.AtomicCheckpointIO", "names model._target_=lightspeed."),
-        ("net", "lightspeed.bench.main", "hyperparameters names net._target_=lightspeed.bench.main, a class"),
-        ("hparams", "this.Nothing", "hyperparameters names net._target_=this.Nothing, a class"),
-        ("module_arguments", "this.Nothing", "hyperparameters names net._target_=this.Nothing, a class"),
+        ("net", "lightspeed.bench.main", "names model.net._target_=lightspeed.bench.main, a class"),
+        ("hparams", "this.Nothing", "names model.net._target_=this.Nothing, a class"),
+        ("module_arguments", "this.Nothing", "names model.net._target_=this.Nothing, a class"),
+        ("node", "os.system", "crafted.ckpt names model.net._target_=os.system, a class that no yaml"),
     ):
         crafted = {**stored, "identity": json.loads(json.dumps(stored["identity"]))}
         crafted["hyper_parameters"] = json.loads(json.dumps(stored["hyper_parameters"]))
+        crafted.pop(MODEL_CONFIG_KEY)  # from before checkpoints kept the model's node: its hyperparameters
         if where == "model":
             crafted["identity"]["config"]["model"]["_target_"] = target
         elif where == "net":
             crafted["hyper_parameters"]["net"] = {"_target_": target}
+        elif where == "node":
+            crafted[MODEL_CONFIG_KEY] = {**stored[MODEL_CONFIG_KEY], "net": {"_target_": target}}
         else:  # Lightning's older names for the hyperparameters, which it merges in when it loads
             crafted[where] = {"net": {"_target_": target}}
         torch.save(crafted, tmp_path / "crafted.ckpt")
@@ -401,9 +407,9 @@ def test_only_the_model_class_s_own_binding_error_is_said_as_the_data_s(train_cf
     cfg, dm, given = train_cfg(), DigitsDataModule(), {"num_classes": 10, "input_shape": [1, 8, 8]}
     layer = "Linear.__init__() missing 1 required positional argument: 'out_features'"
     assert _unfit(layer, cfg, dm, given) is None
-    own = "Classifier.__init__() got an unexpected keyword argument 'num_targets'"
-    assert "(Classifier) takes no num_targets, which data=digits" in _unfit(
-        own, cfg, dm, {**given, "num_targets": 1}
+    own = "Classifier.__init__() missing 1 required positional argument: 'num_classes'"
+    assert "(Classifier) is built from num_classes, which data=digits (DigitsDataModule) does not" in _unfit(
+        own, cfg, dm, {"input_shape": [1, 8, 8]}
     )
 
 

@@ -74,7 +74,10 @@ def run(cfg: DictConfig) -> dict[str, float]:
             trainer.callbacks.append(found)
         with exit_on_config_error(), exit_on_failure(cfg, trainer):
             # the Trainer predicts under torch.inference_mode
-            batches = trainer.predict(model, datamodule=dm, return_predictions=predict)
+            if type(dm).predict_dataloader is L.LightningDataModule.predict_dataloader:  # the test set's
+                batches = trainer.predict(model, dm.test_dataloader(), return_predictions=predict)
+            else:
+                batches = trainer.predict(model, datamodule=dm, return_predictions=predict)
         if predict:
             predictions = _write_predictions(batches or [], run_dir / "predictions.csv", class_names)
     pictures = _pictures(found, run_dir, class_names, type(model).__name__) if found is not None else None

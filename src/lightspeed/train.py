@@ -113,6 +113,7 @@ class Run:
         self.cfg = cfg
         self._held = ExitStack()
         self._given: dict[str, Any] = {}
+        self._node: DictConfig | None = None
         self._fit_s = 0.0
 
     def __enter__(self) -> Run:
@@ -158,14 +159,15 @@ class Run:
     def model(self, dm: L.LightningDataModule) -> L.LightningModule:
         with exit_on_config_error():
             self._given = build.from_data(self.cfg, dm)
-            model = build.model(self.cfg, dm, self._given)
+            self._node = build.model_node(self.cfg, self._given)
+            model = build.model(self.cfg, dm, self._given, self._node)
             accel.apply_to_model(self.cfg, model)
         return model
 
     def trainer(self, callbacks: Sequence[L.Callback] = ()) -> L.Trainer:
         cfg, plan = self.cfg, self.plan
         with exit_on_config_error():
-            trainer = build.trainer(cfg, callbacks, plan.ident, from_data=sorted(self._given))
+            trainer = build.trainer(cfg, callbacks, plan.ident, sorted(self._given), self._node)
             accel.report_idle(list(plan.idle), accel.device_type(cfg))
         self.config = build.plain_config(cfg)
         summary.config_tree(self.config, plan.run_dir, show=cfg.get("print_config", True))

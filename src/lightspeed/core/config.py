@@ -236,10 +236,11 @@ def _repository_class(target: str, prefixes: tuple[str, ...]) -> bool:
     )
 
 
-def check_data_targets(node: Any, where: str) -> None:
+def check_data_targets(node: Any, where: str, command_line: str = "") -> None:
     """Refuse, in one line, a `_target_` in data (`where`: a checkpoint's config or hyperparameters) that no
-    conf/ yaml names and that is no model, net or data set of the repository's own `models/` and `data/`."""
-    known = conf_targets()
+    conf/ yaml names, nor the `command_line` of the run that wrote it, and that is no model, net or data set
+    of the repository's own `models/` and `data/`."""
+    known = conf_targets() | set(re.findall(r"_target_['\"]?\s*[=:]\s*['\"]?([\w.]+)", command_line))
     prefixes = user_packages(known)
     for key, target in _targets(plain(node), ""):
         if not isinstance(target, str) or not (target in known or _repository_class(target, prefixes)):

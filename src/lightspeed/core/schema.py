@@ -106,6 +106,8 @@ SCHEMA: dict[str, Key] = {
         lambda v: isinstance(v, bool) or v == "per_feature",
         "true (one mean and std), per_feature (each input feature its own: tabular data) or false",
     ),
+    # the shipped models' yamls say so (conf/model); Hydra's default, true, is what any other module gets
+    "model._recursive_": Key(*_BOOL, added=False),
     "model.optimizer.weight_decay": Key(*_NON_NEGATIVE),
     "model.optimizer.momentum": Key(*_BELOW_ONE),
     "model.scheduler.pct_start": Key(*_BETWEEN),

@@ -93,7 +93,7 @@ def configure(module: L.LightningModule, optimizer_cfg: dict[str, Any], schedule
             f"model.scheduler.name={kind} needs a known length, but trainer.max_epochs=-1 sets none: "
             "set trainer.max_steps, or model.scheduler.name=none"
         )
-    scheduler, unused = build_scheduler(optimizer, scheduler_cfg, int(steps), optimizer_cfg["lr"])
+    scheduler, unused = build_scheduler(optimizer, scheduler_cfg, int(steps), optimizer.param_groups[0]["lr"])
     if unused:
         rank_zero_info(f"model.scheduler.name={kind}: ignoring {', '.join(unused)} (not its arguments)")
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -35,6 +35,9 @@ CLASS_NAMES_KEY = "class_names"
 #: Where a checkpoint keeps the names of its model's arguments that its run took from the data (what
 #: `make eval` checks the data it evaluates on against).
 FROM_DATA_KEY = "from_data"
+#: Where a checkpoint keeps what rebuilds its module: the run's model node as built (resolved, the data's
+#: arguments in it), plain data, so eval and export need none of the objects `save_hyperparameters()` holds.
+MODEL_CONFIG_KEY = "model_config"
 #: Where a checkpoint keeps its run's data config as written (`${...}` unresolved, loader settings and
 #: data folder included): what `make eval` evaluates on, resolved on its own machine.
 DATA_CONFIG_KEY = "data_config"
@@ -153,17 +156,32 @@ def code_commit() -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
+def is_plain(value: Any) -> bool:
+    """Data that `torch.load(..., weights_only=True)` reads back: no object it would have to import."""
+    if isinstance(value, (dict, list, tuple)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        return type(value) in (dict, list, tuple) and all(is_plain(k) and is_plain(v) for k, v in items)
+    return value is None or isinstance(value, (str, int, float, bool, torch.Tensor, torch.dtype, torch.Size))
+
+
 class RunIdentity(L.Callback):
     """Stores the run's identity in every checkpoint (`checkpoint["identity"]`): auto-resume takes only this
     run's checkpoints, and each names the settings (data config included), samples (`TRAIN_SAMPLES_KEY`, from
-    `sample_ids`), class names (`CLASS_NAMES_KEY`) and model arguments from the data (`FROM_DATA_KEY`)."""
+    `sample_ids`), class names (`CLASS_NAMES_KEY`), model arguments from the data (`FROM_DATA_KEY`) and the
+    model node that rebuilds the module (`MODEL_CONFIG_KEY`). Hyperparameters that are not plain data (a
+    net or a `functools.partial` that Hydra built) are left out: every checkpoint loads with weights_only."""
 
     def __init__(
-        self, ident: dict[str, Any], data: dict[str, Any] | None = None, from_data: list[str] | None = None
+        self,
+        ident: dict[str, Any],
+        data: dict[str, Any] | None = None,
+        from_data: list[str] | None = None,
+        model: dict[str, Any] | None = None,
     ) -> None:
         self.ident = ident
         self.data = data
         self.from_data = from_data
+        self.model = model
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -181,6 +199,11 @@ class RunIdentity(L.Callback):
             checkpoint[DATA_CONFIG_KEY] = self.data
         if self.from_data is not None:
             checkpoint[FROM_DATA_KEY] = list(self.from_data)
+        if self.model is not None:
+            checkpoint[MODEL_CONFIG_KEY] = self.model
+        for key in (L.LightningModule.CHECKPOINT_HYPER_PARAMS_KEY, "datamodule_hyper_parameters"):
+            if isinstance(checkpoint.get(key), dict):
+                checkpoint[key] = {k: v for k, v in checkpoint[key].items() if is_plain(v)}
         ids = getattr(trainer.datamodule, "sample_ids", None)
         if isinstance(ids, dict) and ids.get("train") is not None:
             checkpoint[TRAIN_SAMPLES_KEY] = ids["train"]

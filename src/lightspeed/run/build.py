@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.utils import get_object
 from hydra.utils import instantiate as _instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, LearningRateMonitor
@@ -109,21 +111,41 @@ def datamodule(cfg: DictConfig) -> L.LightningDataModule:
 
 
 def model(
-    cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any] | None = None
+    cfg: DictConfig,
+    dm: L.LightningDataModule,
+    given: dict[str, Any] | None = None,
+    node: DictConfig | None = None,
 ) -> L.LightningModule:
-    """The configured LightningModule, given what only the data knows (`from_data`)."""
+    """The configured LightningModule, instantiated as Hydra does (recursive unless its yaml says
+    `_recursive_: false`, `_partial_`, factories), given what only the data knows (`from_data`); `node`:
+    `model_node`'s, where the caller has it."""
     given = from_data(cfg, dm) if given is None else given
-    check_inputs_fit(cfg, given)
-    # Not recursive: a `_target_` inside (model.net) reaches the module as plain data, which it builds
-    # itself and keeps in its hyperparameters (weights_only checkpoints)
-    return instantiate(
-        cfg.model,
-        "model",
-        lambda line: _unfit(line, cfg, dm, given),
-        **given,
-        _convert_="all",
-        _recursive_=False,
-    )
+    node = model_node(cfg, given) if node is None else node
+    check_inputs_fit(node, given)
+    return instantiate(node, "model", lambda line: _unfit(line, cfg, dm, given), _convert_="all")
+
+
+def model_node(cfg: DictConfig, given: dict[str, Any]) -> DictConfig:
+    """`cfg.model` resolved, with the data's arguments (`given`) added to each node Hydra will build that
+    takes them and does not set them: the module's, and with recursion its nested `_target_`s' (by name
+    only: a factory's **kwargs goes on to a constructor that may not take them). Plain data: the checkpoint
+    keeps it as what rebuilds the module."""
+    node = OmegaConf.to_container(_node(cfg, "model", "LightningModule"), resolve=True)
+    assert isinstance(node, dict)
+
+    def add(sub: Any, top: bool) -> None:
+        children = sub if isinstance(sub, list) else sub.values() if isinstance(sub, dict) else ()
+        if isinstance(sub, dict) and isinstance(sub.get("_target_"), str):
+            with contextlib.suppress(Exception):  # not importable: instantiating it says why, in one line
+                takes = nets.takes(get_object(sub["_target_"]), given, through_kwargs=top)
+                sub.update({k: v for k, v in takes.items() if k not in sub})
+            if top and sub.get("_recursive_", True) is False:
+                return
+        for child in list(children):
+            add(child, False)
+
+    add(node, True)
+    return OmegaConf.create(node)
 
 
 def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
@@ -143,10 +165,10 @@ def model_args(dm: L.LightningDataModule) -> dict[str, Any]:
     return dict(method()) if callable(method) else {}
 
 
-# radon C: the class not ours; an unexpected vs a missing argument, each worded for the user
+# radon C: the class not ours; a missing argument worded for the user
 def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any]) -> str | None:
-    """A model constructor not taking what the data gives, or needing what it lacks, in one line naming both
-    (from the TypeError's `line`); None where conf/model is at fault or a layer raised it."""
+    """A model constructor needing what the data lacks, in one line naming both (from the TypeError's
+    `line`); None where conf/model is at fault or a layer raised it."""
     target = _import(cfg.model, "model")
     own = [f"{c.__qualname__}.__init__()" for c in getattr(target, "__mro__", ())]
     if not line.startswith(tuple(own)):
@@ -158,11 +180,6 @@ def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[st
     fit = (
         ", ".join(f"model={m}" for m in _models_built_from(given) if m != choices.get("model")) or "model=..."
     )
-    if "unexpected keyword" in line and names and names[-1] in given:
-        return (
-            f"{model_} takes no {names[-1]}, which {data_} gives (its model_args(): {', '.join(given)}): "
-            f"choose a model for this data ({fit})"
-        )
     if "missing" in line and names:
         said = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
         if given or hasattr(dm, "model_args"):
@@ -183,11 +200,11 @@ def _models_built_from(given: dict[str, Any]) -> list[str]:
     fit = []
     for path in sorted((CONF_DIR / "model").glob("*.yaml")):
         cfg = OmegaConf.create({"model": OmegaConf.load(path)})
-        args = {k: v for k, v in given.items() if k not in cfg.model}
         try:
+            node = model_node(cfg, {k: v for k, v in given.items() if k not in cfg.model})
             with torch.device("meta"):
-                _instantiate(cfg.model, **args, _convert_="all", _recursive_=False)
-            check_inputs_fit(cfg, args)
+                _instantiate(node, _convert_="all")
+            check_inputs_fit(node, given)
         except Exception:  # not for this data, or not on the meta device: not named
             continue
         fit.append(path.stem)
@@ -231,19 +248,19 @@ _SHAPE_ERROR = re.compile(r"shape|size|dim|[Ee]xpected .*input", re.IGNORECASE)
 
 
 # radon C: skip/refuse per probe error
-def check_inputs_fit(cfg: DictConfig, given: dict[str, Any]) -> None:
+def check_inputs_fit(node: DictConfig, given: dict[str, Any]) -> None:
     """A forward pass on the meta device (shapes only) of the model's `example_input_array`: a net that cannot
     take the data's inputs (1D data, the 2D default CNN) is one line naming both, not a traceback from the
     first step; a registered net not even buildable for `input_shape` is named by its `example_input_shapes`.
-    A model without an example input is not checked."""
+    A model without an example input is not checked. `node`: `model_node`'s, the data's arguments in it."""
     shape = given.get("input_shape")
     try:
         with torch.device("meta"):
-            probe = _instantiate(cfg.model, **given, _convert_="all", _recursive_=False)
+            probe = _instantiate(node, _convert_="all")
     except Exception as err:  # not for this shape, or not on the meta device (it loads weights, say)
         if isinstance(err.__cause__, TypeError) and _BINDING.search(str(err.__cause__)):
             return  # not built from what the data gives: building it for real says so (`_unfit`)
-        net = OmegaConf.select(cfg, "model.net.name", default=None)
+        net = OmegaConf.select(node, "net.name", default=None)
         declared = getattr(nets.find(net), "example_input_shapes", None)
         if shape is not None and declared and all(len(d) != len(shape) for d in declared):
             _refuse(shape, f"model.net {net} is built for inputs like {', '.join(map(str, declared))}")
@@ -288,7 +305,11 @@ def loggers(cfg: DictConfig) -> list[Logger]:
 
 # radon C: eval returns early; drops idle callbacks; default guards
 def callbacks(
-    cfg: DictConfig, has_logger: bool, ident: dict[str, Any] | None = None, from_data: Sequence[str] = ()
+    cfg: DictConfig,
+    has_logger: bool,
+    ident: dict[str, Any] | None = None,
+    from_data: Sequence[str] = (),
+    model: DictConfig | None = None,
 ) -> list[Callback]:
     """The configured callbacks, plus what every training run needs whatever `callbacks=` says: its
     checkpoints where `resume=auto` looks (unless `trainer.enable_checkpointing=false`), and one RunGuard:
@@ -314,7 +335,7 @@ def callbacks(
         *preemption,
         RankSeed(cfg.seed),
         ExactResume(),
-        RunIdentity(ident or identity.of(cfg), data, list(from_data)),
+        RunIdentity(ident or identity.of(cfg), data, list(from_data), plain_config(model) if model else None),
     )
     # first: its monitor check runs before the callbacks that read the monitor
     return [guard, *_without(found, (NonFiniteGuard, Preemption))]
@@ -342,16 +363,18 @@ def trainer(
     extra_callbacks: Sequence[Callback] = (),
     ident: dict[str, Any] | None = None,
     from_data: Sequence[str] = (),
+    model: DictConfig | None = None,
 ) -> L.Trainer:
     """The Trainer with its loggers, callbacks and plugins; `ident`: the run's identity (as composed, before
-    the monitor settles); `from_data`: the model's arguments taken from the data (kept in checkpoints)."""
+    the monitor settles); `from_data`: the model's arguments taken from the data; `model`: the node that
+    built the module (`model_node`'s); both kept in checkpoints."""
     if "seed" in cfg:  # train: the model's own monitor into the config, if train() has not yet
         ident = ident or identity.of(cfg)
         monitor.settle(cfg)
     loggers_ = loggers(cfg)
     if cfg.get("curves", False):  # train: the run's picture, from what the loggers are given
         loggers_.append(CurvesLogger(cfg.paths.output_dir, cfg.monitor.metric))
-    configured = callbacks(cfg, bool(loggers_), ident, from_data)
+    configured = callbacks(cfg, bool(loggers_), ident, from_data, model)
     for callback in configured:  # ours to change; the caller's extra callbacks are left as given
         hooks.skip_empty(callback, Callback)
     return instantiate(

@@ -10,12 +10,14 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, check_checkpoint_path, check_data_targets, locate
 from lightspeed.core.files import read_json
 from lightspeed.resilience import checkpoint, sharded
+from lightspeed.resilience.identity import MODEL_CONFIG_KEY
+from lightspeed.run import build
 
 
 # radon C: path, or newest run's best (moved ok)
@@ -58,16 +60,16 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
     with checkpoint.loading(ckpt):
         source: Any = sharded.one_file_bytes(ckpt) if ckpt.is_dir() else ckpt
         stored = torch.load(source, map_location="cpu", weights_only=True, mmap=not ckpt.is_dir())
-        module_cls = _module_class(cfg, stored, ckpt)
-        if ckpt.is_dir():
-            source.seek(0)
+        node = _module_node(cfg, stored, ckpt)
         try:
-            model = module_cls.load_from_checkpoint(source, map_location="cpu", weights_only=True)
-        except TypeError as err:  # its hyperparameters are not the class's arguments
+            model = build.instantiate(OmegaConf.create(node), "model", _convert_="all")
+        except ConfigError as err:  # its node or hyperparameters are not the class's arguments
             raise ConfigError(
-                f"ckpt_path={ckpt}: its hyper_parameters do not build {module_cls.__name__} ({err}): pass "
-                "another checkpoint, or module=<the class that trained it>"
+                f"ckpt_path={ckpt}: its model does not rebuild ({err}): pass another checkpoint, or "
+                "module=<the class that trained it>"
             ) from None
+        model.on_load_checkpoint(stored)
+        model.load_state_dict(stored["state_dict"])
     # it loads: is it sound? (a NaN model scores as if it were; a folder's files were checked above)
     reason = checkpoint.nonfinite_weights(stored) if ckpt.is_dir() else checkpoint.problem(ckpt)
     if reason is not None:
@@ -76,33 +78,51 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
 
 
 # radon C: the command line's class, or the checkpoint's after the trust check of each _target_
-def _module_class(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> type[L.LightningModule]:
-    """The LightningModule class that trained the checkpoint: `module` when given (the command line, code the
-    user runs), else the one its run's config names (`model._target_`: data, so only a class conf/ names),
-    after every `_target_` in its hyperparameters (its net's) passed the same check."""
-    name = cfg.get("module") or _run_target(stored)
+def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[str, Any]:
+    """What rebuilds the module that trained the checkpoint: its run's model node (`MODEL_CONFIG_KEY`; from
+    before it was kept: the class its run's config names with its hyperparameters), the class replaced by
+    `module` when given (the command line, code the user runs). The node is data: each `_target_` in it must
+    be one that conf/ names, or its run's command line (`.hydra/overrides.yaml` beside its checkpoints)."""
+    node = stored.get(MODEL_CONFIG_KEY)
+    if not isinstance(node, dict):  # an older checkpoint: its class, with its plain hyperparameters
+        hparams: dict[str, Any] = {}
+        for key in ("module_arguments", "hparams", "hyper_parameters"):  # Lightning's older names, merged
+            if not isinstance(stored.get(key) or {}, dict):
+                raise ConfigError(
+                    f"ckpt_path={ckpt}: its {key} is a {type(stored[key]).__name__}, not the module's "
+                    "arguments: pass another checkpoint"
+                )
+            check_data_targets({"model": stored.get(key) or {}}, ckpt.name, ran(ckpt))  # each, before merged
+            hparams.update(stored.get(key) or {})
+        node = {**hparams, "_target_": _run_target(stored), "_recursive_": False}
+    name = cfg.get("module") or node.get("_target_")
     where = "module" if cfg.get("module") else f"{ckpt.name}: model"
     if not name:
         raise ConfigError(
             f"ckpt_path={ckpt} names no LightningModule class (saved outside Lightspeed): pass "
             "module=<its class>, e.g. module=lightspeed.models.classifier.Classifier"
         )
-    if not cfg.get("module"):
-        check_data_targets({"model": {"_target_": name}}, ckpt.name)
-    for key in ("hyper_parameters", "hparams", "module_arguments"):  # and Lightning's older names for them
-        if not isinstance(stored.get(key) or {}, dict):
-            raise ConfigError(
-                f"ckpt_path={ckpt}: its {key} is a {type(stored[key]).__name__}, not the module's arguments: "
-                "pass another checkpoint"
-            )
-        check_data_targets(stored.get(key) or {}, f"{ckpt.name}'s hyperparameters")
+    # the command line's class is the user's; what the checkpoint names is checked
+    named = {k: v for k, v in node.items() if k != "_target_" or not cfg.get("module")}
+    check_data_targets({"model": named}, ckpt.name, ran(ckpt))
+    node = {**node, "_target_": str(name)}
     try:
         found = locate(str(name))
     except (ImportError, ValueError) as err:
         raise ConfigError(f"{where}: {name} cannot be imported ({err}): pass module=<its class>") from None
     if not (isinstance(found, type) and issubclass(found, L.LightningModule)):
         raise ConfigError(f"{where}: {name} is not a LightningModule class: pass module=<its class>")
-    return found
+    return node
+
+
+def ran(ckpt: Path) -> str:
+    """The command line of the run whose checkpoint this is (Hydra's `.hydra/overrides.yaml` in the run's
+    folder), whose `_target_`s the user named: empty for a checkpoint from elsewhere."""
+    overrides = ckpt.resolve().parent.parent / ".hydra" / "overrides.yaml"
+    try:  # a regular file, a few kB at most: a run's own record, not a FIFO or a device
+        return overrides.read_text()[:65536] if overrides.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def _run_target(stored: dict[str, Any]) -> Any:

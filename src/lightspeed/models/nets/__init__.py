@@ -4,11 +4,11 @@
 shapes it is built for in a class attribute, `example_input_shapes` (e.g. `((1, 40),)` for one channel of
 40 samples): the tests build and run every registered net on each of them.
 
-Or any `nn.Module` class by import path, as Hydra names it: `model.net._target_=mypackage.MyNet` (its
-own keyword arguments beside it), yours or a library's, with no wrapper file. Either way the net gets what
-the model passes from the data (`input_shape`, `num_outputs`, `vocab_size`, ...) where its constructor
-takes them. It must be an nn.Module class. A checkpoint's hyperparameters name its net: `make eval` lets
-a checkpoint name only classes that conf/ names (`lightspeed.core.config.check_data_targets`).
+Or any `nn.Module` class, or function making one, by import path, as Hydra names it:
+`model.net._target_=mypackage.MyNet` or `timm.create_model` (its own keyword arguments beside it), yours or
+a library's, with no wrapper file. Either way the net gets what the model passes from the data
+(`input_shape`, `num_outputs`, `vocab_size`, ...) where its constructor names them. A checkpoint names its
+net: `make eval` lets a checkpoint name only classes that conf/ names (`core.config.check_data_targets`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def find(name: Any) -> type[nn.Module] | None:
 
 def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
     """`spec` is the `net:` block of `conf/model/*.yaml`: `{"name": ..., **kwargs}` for a registered net,
-    or `{"_target_": ..., **kwargs}` for any nn.Module class. `given`: what the model knows from the data,
-    passed where the constructor takes it (a key set in `spec` wins)."""
+    or `{"_target_": ..., **kwargs}` for any nn.Module class or function making one (`timm.create_model`).
+    `given`: what the model knows from the data, passed where the constructor takes it by name (a key set
+    in `spec` wins)."""
     if not isinstance(spec, Mapping):
         raise ConfigError(
             f"model.net={spec!r} is no mapping: give it name: <a net> (or _target_) and its settings"
@@ -65,9 +66,7 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
             cls = get_object(str(target))
         except (ImportError, ValueError, AttributeError) as err:
             raise ConfigError(f"model.net._target_={target} cannot be imported ({err})") from None
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):  # a net, not any callable it names
-            raise ConfigError(f"model.net._target_={target} is not an nn.Module class: name a net's class")
-        name = str(target)
+        name, offered = str(target), takes(cls, given, through_kwargs=False)  # a factory passes **kwargs on
     else:
         _discover()
         name = kwargs.pop("name", None)
@@ -75,22 +74,30 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
             known = ", ".join(sorted(NETS))
             raise ConfigError(
                 f"model.net.name={name!r} is not a known net: use one of {known}, or model.net._target_="
-                "<an nn.Module class>"
+                "<an nn.Module class or a function making one>"
             )
         cls = NETS[name]
+        offered = takes(cls, given)
     try:
-        return cls(**takes(cls, given), **kwargs)
+        net = cls(**offered, **kwargs)
     except TypeError as err:
         raise ConfigError(f"model.net ({name}): {err}") from None
+    if not isinstance(net, nn.Module):  # a net, not whatever else the callable makes
+        raise ConfigError(
+            f"model.net._target_={name} made a {type(net).__name__}, not an nn.Module: name a net's class "
+            "or a function making one (timm.create_model)"
+        )
+    return net
 
 
-def takes(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
-    """The entries of `offered` that `fn` (a class or a function) accepts as keyword arguments."""
+def takes(fn: Callable[..., Any], offered: dict[str, Any], through_kwargs: bool = True) -> dict[str, Any]:
+    """The entries of `offered` that `fn` (a class or a function) accepts as keyword arguments: by name, or
+    all of them where it has **kwargs and `through_kwargs` (not for a factory, which passes them on)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # no signature to read (a builtin): offer nothing
         return {}
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    if through_kwargs and any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return dict(offered)
     keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {k: v for k, v in offered.items() if k in params and params[k].kind in keyword}

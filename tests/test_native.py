@@ -1,0 +1,106 @@
+"""Code written for Lightning and Hydra runs unchanged: a module in lightning-hydra-template's idiom (a net
+and `_partial_` optimizer and scheduler built by Hydra, kept by `save_hyperparameters`), factories such as
+`timm.create_model` as a net, and checkpoints that stay plain data and rebuild the module from its node."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+import lht_style
+from conftest import TINY
+from lightspeed.core import config
+from lightspeed.eval import run as evaluate
+from lightspeed.resilience.identity import MODEL_CONFIG_KEY
+from lightspeed.run.entry import compose_config
+from lightspeed.train import train
+
+QUIET_EVAL = ["trainer.enable_progress_bar=false", "++trainer.limit_test_batches=2"]  # as TINY tests
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch) -> list[str]:
+    """A project's conf/ with LHT-style `model=lht` and `data=lht` options: the overrides that add it."""
+    conf = tmp_path / "conf"
+    for group, text in (("model", lht_style.MODEL_YAML), ("data", lht_style.DATA_YAML)):
+        (conf / group).mkdir(parents=True)
+        (conf / group / "lht.yaml").write_text(text)
+    monkeypatch.setattr(config, "CONF_DIRS", (*config.CONF_DIRS, conf))  # what a checkpoint may name
+    return [f"paths.data_dir={tmp_path / 'data'}", f"hydra.searchpath=[pkg://lightspeed.conf,file://{conf}]"]
+
+
+def compose(tmp_path: Path, task: str, *overrides: str) -> object:
+    return compose_config(task, list(overrides), tmp_path / "logs")
+
+
+def test_a_module_in_lht_s_idiom_trains_checkpoints_plain_data_and_eval_rebuilds_it(
+    tmp_path: Path, project: list[str]
+) -> None:
+    result = train(compose(tmp_path, "train", *project, "model=lht", "data=lht", *TINY))
+    assert isinstance(result.model.net, lht_style.DenseNet)  # built by Hydra, as LHT's module expects
+    assert result.trainer.optimizers[0].__class__ is torch.optim.Adam
+    checkpoints = sorted((tmp_path / "logs").rglob("*.ckpt"))
+    assert len(checkpoints) >= 2
+    for path in checkpoints:
+        stored = torch.load(path, weights_only=True)  # the net and the partials are left out
+        assert stored["hyper_parameters"] == {"compile": False}
+        assert stored[MODEL_CONFIG_KEY]["net"]["_target_"] == "lht_style.DenseNet"
+        assert stored["datamodule_hyper_parameters"]["batch_size"] == 128
+    tested = evaluate(compose(tmp_path, "eval", *project, "predict=true", *QUIET_EVAL))
+    assert tested["test/loss"] == pytest.approx(result.metrics["test/loss"])
+    rows = list(csv.DictReader(next((tmp_path / "logs" / "eval").rglob("predictions.csv")).open()))
+    assert len(rows) == 360 and {"target", "pred"} <= set(rows[0])  # its DataModule's test set
+
+
+def test_a_checkpoint_s_model_node_names_only_what_conf_or_its_run_s_command_line_names(
+    tmp_path: Path, project: list[str], capsys
+) -> None:
+    result = train(compose(tmp_path, "train", *project, "model=lht", "data=lht", *TINY))
+    stored = torch.load(result.best_checkpoint, weights_only=True)
+    stored[MODEL_CONFIG_KEY]["net"] = {"_target_": "shutil.rmtree", "path": str(tmp_path / "logs")}
+    torch.save(stored, result.best_checkpoint)
+    with pytest.raises(SystemExit) as stop:
+        evaluate(compose(tmp_path, "eval", *project, f"ckpt_path={result.best_checkpoint}", *QUIET_EVAL))
+    assert stop.value.code == 2 and (tmp_path / "logs").is_dir()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "net._target_=shutil.rmtree" in err[0] and "conf/" in err[0]
+
+
+def test_a_module_that_takes_nothing_from_the_data_trains_on_data_that_offers_it(
+    tmp_path: Path, project: list[str]
+) -> None:
+    """data=digits offers num_classes and input_shape (its model_args()): a module that takes neither is
+    built without them, not refused."""
+    result = train(compose(tmp_path, "train", *project, "model=lht", "data=digits", *TINY))
+    assert result.trainer.global_step == 10 and "test/acc" in result.metrics
+
+
+def test_a_nested_node_is_replaced_as_hydra_users_expect(tmp_path: Path, project: list[str]) -> None:
+    layers = "[{_target_: torch.nn.Flatten}, {_target_: torch.nn.Linear, in_features: 64, out_features: 10}]"
+    net = ["~model.net", f"+model.net={{_target_: torch.nn.Sequential, _args_: {layers}}}"]
+    result = train(compose(tmp_path, "train", *project, "model=lht", "data=lht", *net, *TINY))
+    assert [type(m) for m in result.model.net] == [torch.nn.Flatten, torch.nn.Linear]
+
+
+@pytest.mark.parametrize("model", ["lht", "cnn"])
+def test_timm_s_factory_is_a_net(tmp_path: Path, project: list[str], model: str) -> None:
+    """`timm.create_model` names a net as everywhere timm is used: built by Hydra for a module that takes
+    a net (lht), or by the shipped classifier, which builds its own net from its settings (cnn)."""
+    timm = pytest.importorskip("timm")
+    net = "+model.net={_target_: timm.create_model, model_name: resnet10t, num_classes: 10, in_chans: 1}"
+    result = train(
+        compose(tmp_path, "train", *project, f"model={model}", "data=digits", "~model.net", net, *TINY)
+    )
+    assert isinstance(result.model.net, timm.models.ResNet)
+    # no conf/ yaml names timm.create_model: its run's command line did, as Hydra records it in a real run
+    record = Path(result.best_checkpoint).parent.parent / ".hydra" / "overrides.yaml"
+    record.parent.mkdir()
+    with pytest.raises(SystemExit) as stop:
+        evaluate(compose(tmp_path, "eval", *project, *QUIET_EVAL))
+    assert stop.value.code == 2
+    record.write_text(f"- model={model}\n- ~model.net\n- {net}\n")
+    tested = evaluate(compose(tmp_path, "eval", *project, *QUIET_EVAL))
+    assert tested["test/loss"] == pytest.approx(result.metrics["test/loss"])

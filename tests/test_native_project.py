@@ -1,0 +1,125 @@
+"""A project made by `make new-project` with a module, a net and a DataModule of its own written in
+lightning-hydra-template's idiom (tests/lht_style.py, in the project's package, named by its conf/), driven
+by the project's own Makefile as a person would: train, a SIGKILL and the same command again, eval with
+predictions, export, a two-point sweep; then timm's factory as the net."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import lht_style
+from test_new_project import PIN, new_project
+
+TESTS = Path(__file__).resolve().parent
+RUN = ["model=lht", "data=lht", "trainer.max_epochs=30", "callbacks.rich_progress_bar=null"]
+STEPS = 30 * 10  # 1257 samples in batches of 128: 10 an epoch
+
+
+@pytest.fixture(scope="module")
+def acme(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The project, and the environment its make runs in: this test's Python and engine stand in for the
+    project's .venv (a folder with `python` and `lightspeed` that run them), its package on PYTHONPATH."""
+    root = tmp_path_factory.mktemp("native")
+    dest = root / "acme"
+    assert new_project("acme", str(dest), "--engine", PIN).returncode == 0
+    (dest / "src" / "acme" / "models" / "lht.py").write_text((TESTS / "lht_style.py").read_text())
+    (dest / "conf" / "model" / "lht.yaml").write_text(
+        lht_style.MODEL_YAML.replace("lht_style.", "acme.models.lht.")
+    )
+    (dest / "conf" / "data" / "lht.yaml").write_text(
+        lht_style.DATA_YAML.replace("lht_style.", "acme.models.lht.")
+    )
+    venv = dest / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    for name, program in (
+        ("python", sys.executable),
+        ("lightspeed", str(Path(sys.executable).parent / "lightspeed")),
+    ):
+        (venv / "bin" / name).write_text(f'#!/bin/sh\nexec {program} "$@"\n')
+        (venv / "bin" / name).chmod(0o755)
+    (venv / ".installed-dev").touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "MAKE", "VIRTUAL_ENV"))}
+    env |= {"PYTHONPATH": str(dest / "src"), "OMP_NUM_THREADS": "1"}
+    return dest, env
+
+
+def make(dest: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["make", *args], cwd=dest, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"make {' '.join(args)}: {proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["state_dict"]
+
+
+@pytest.mark.slow  # ten trainings of a small net on digits through make: ~2 min on 2 cores
+def test_lht_style_code_trains_resumes_bit_identically_evaluates_exports_and_sweeps(acme) -> None:
+    dest, env = acme
+    whole = dest / "whole"  # the uninterrupted run, in a log folder of its own
+    make(dest, env, "train", *RUN, f"paths.log_dir={whole}")
+    # the same command, killed (make and python, a process group) once its first checkpoint is written
+    killed = subprocess.Popen(["make", "train", *RUN], cwd=dest, env=env, start_new_session=True)
+    last = dest / "logs" / "train" / "runs"
+    deadline = time.monotonic() + 300
+    while not list(last.glob("*/checkpoints/last.ckpt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(killed.pid, signal.SIGKILL)
+    assert killed.wait() != 0
+    (cut,) = last.glob("*/checkpoints/last.ckpt")
+    assert torch.load(cut, weights_only=True)["global_step"] < STEPS  # it was cut short
+    make(dest, env, "train", *RUN)
+    (run,) = (dest / "logs" / "train" / "runs").iterdir()
+    (reference,) = (whole / "train" / "runs").iterdir()
+    resumed, uninterrupted = (
+        weights(run / "checkpoints" / "last.ckpt"),
+        weights(reference / "checkpoints" / "last.ckpt"),
+    )
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+    evaluated = make(dest, env, "eval", "predict=true", "trainer.enable_progress_bar=false")
+    assert re.search(r"│ test/acc +│ 0\.[89]", evaluated.stdout), evaluated.stdout[-2000:]
+    assert (
+        len((next((dest / "logs" / "eval" / "runs").glob("*/predictions.csv"))).read_text().splitlines())
+        == 361
+    )
+
+    exported = make(dest, env, "export")
+    assert list((dest / "logs").rglob("*.onnx")), exported.stdout[-2000:]
+
+    sweep = make(
+        dest,
+        env,
+        "train",
+        "model=lht",
+        "data=lht",
+        "trainer.max_epochs=1",
+        "ARGS=-m model.optimizer.lr=0.001,0.002",
+    )
+    assert sweep.stdout.count("Lightspeed: training finished") == 2
+    for path in (dest / "logs").rglob("*.ckpt"):
+        torch.load(path, weights_only=True)  # plain data, every one
+
+
+@pytest.mark.slow
+def test_timm_s_factory_named_on_the_command_line_trains_and_is_evaluated(acme, tmp_path: Path) -> None:
+    pytest.importorskip("timm")
+    dest, env = acme
+    net = "'+model.net={_target_: timm.create_model, model_name: resnet10t, num_classes: 10, in_chans: 1}'"
+    logs = f"paths.log_dir={tmp_path}"
+    make(dest, env, "train", "model=lht", "data=lht", "trainer.max_epochs=1", logs, f"ARGS=~model.net {net}")
+    evaluated = make(
+        dest, env, "eval", logs, "trainer.enable_progress_bar=false"
+    )  # its command line named it
+    assert "│ test/acc" in evaluated.stdout
