@@ -33,8 +33,8 @@ def test_a_bad_value_fails_with_one_clear_line_and_exit_2(tmp_path: Path) -> Non
     proc = run_module("lightspeed.train", "trainer.precision=15", f"paths.log_dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 2
     assert (
-        "trainer.precision=15 is invalid: use one of auto, 32-true, 16-mixed, bf16-mixed, bf16-true"
-        in one_line_error(proc)
+        "trainer.precision=15 is invalid: use auto or transformer-engine, transformer-engine-float16, "
+        "16-true, 16-mixed, bf16-true, bf16-mixed, 32-true, 64-true, 64, 32, 16, bf16" in one_line_error(proc)
     )
     assert "Traceback" not in proc.stderr
     assert not list(tmp_path.glob("train/runs/*/checkpoints"))  # nothing started

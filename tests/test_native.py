@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import lht_style
-from conftest import TINY
+from conftest import QUIET, TINY
 from lightspeed.core import config
 from lightspeed.eval import run as evaluate
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
@@ -104,3 +104,14 @@ def test_timm_s_factory_is_a_net(tmp_path: Path, project: list[str], model: str)
     record.write_text(f"- model={model}\n- ~model.net\n- {net}\n")
     tested = evaluate(compose(tmp_path, "eval", *project, *QUIET_EVAL))
     assert tested["test/loss"] == pytest.approx(result.metrics["test/loss"])
+
+
+@pytest.mark.parametrize(
+    ("precision", "plugin"), [("16", "bf16-mixed"), ("bf16", "bf16-mixed"), ("bf16-true", "bf16-true")]
+)
+def test_every_precision_lightning_accepts_trains(tmp_path: Path, precision: str, plugin: str) -> None:
+    """Lightning's legacy names (16 is bf16-mixed on a CPU) as Lightning reads them; bf16-true's weights
+    meet the summary's example input in their own precision."""
+    summary = "callbacks.speed_report.summary_depth=1"  # its example input through the weights
+    result = train(compose(tmp_path, "train", f"trainer.precision={precision}", "debug=fdr", *QUIET, summary))
+    assert result.trainer.precision == plugin

@@ -2,7 +2,8 @@
 training stack: ONNX (torch's exporter; then run by onnxruntime on fresh inputs and compared with the
 module's own outputs, or the export fails in one line) and a `torch.export` program (`model.pt2`,
 loaded back and compared the same way). The batch dimension stays free in both. The inputs are shaped
-like the module's `example_input_array` (what ModelSummary uses); a module without one is one line."""
+like the module's `example_input_array` (what ModelSummary uses), else like its run's data's first test
+batch; a module with neither is one line."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, exit_on_config_error, first_line
+from lightspeed.core.config import ConfigError, check_data_targets, exit_on_config_error, first_line
 from lightspeed.core.logs import silence_known_noise
+from lightspeed.resilience.identity import DATA_CONFIG_KEY
+from lightspeed.run import build
 from lightspeed.run.entry import hydra_entry
-from lightspeed.run.restore import load_module
+from lightspeed.run.restore import load_module, ran
 
 FORMATS = ("onnx", "torch_export")
 
@@ -141,7 +144,9 @@ def _onnx(
 def run(cfg: DictConfig) -> dict[str, Any]:
     silence_known_noise()
     with exit_on_config_error():
-        ckpt, _, model = load_module(cfg)
+        ckpt, stored, model = load_module(cfg)
+        if model.example_input_array is None:
+            model.example_input_array = _first_test_inputs(cfg, stored.get(DATA_CONFIG_KEY), ckpt)
         run_dir = Path(cfg.paths.output_dir)
         facts = export(model, run_dir, list(cfg.formats), int(cfg.check_batch), float(cfg.tolerance))
     rows = {"checkpoint": ckpt, "run_dir": run_dir}
@@ -149,6 +154,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         rows[name] = f"{f['file']} (outputs within {f['max_difference']:.2g} of the checkpoint's model)"
     summary.report("Lightspeed: export", run_dir, rows, {})
     return facts
+
+
+def _first_test_inputs(cfg: DictConfig, node: Any, ckpt: Path) -> torch.Tensor | None:
+    """The inputs of the first test batch of the data the checkpoint's run trained on (its stored data node,
+    a data file: only classes that conf/ or its run's command line names), or None without one."""
+    if not isinstance(node, dict):
+        return None
+    check_data_targets({"data": node}, ckpt.name, ran(ckpt))
+    dm = build.datamodule(OmegaConf.create({"data": node, "paths": OmegaConf.to_container(cfg.paths)}))
+    dm.prepare_data()
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    inputs = batch[0] if isinstance(batch, (list, tuple)) else batch
+    return inputs if isinstance(inputs, torch.Tensor) else None
 
 
 #: `make export` / `python -m lightspeed.export`.

@@ -18,7 +18,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElastic
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.compat.trainer import kill_launched_ranks, launched_ranks
+from lightspeed.compat.trainer import fitted_in_children, kill_launched_ranks, launched_ranks
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train, writing_run_folder
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
@@ -209,6 +209,7 @@ class Run:
             "config": self.config,
         }
         if cfg.get("test_after_fit", True):
+            fitted_in_children(trainer)
             # The fit's summary first: a test that fails (a corrupt test image) loses nothing of the fit,
             # and `make eval ckpt_path=latest` finds its best checkpoint.
             summary.write(run_dir, facts, metrics)

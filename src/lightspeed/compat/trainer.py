@@ -4,11 +4,32 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 from subprocess import Popen
 
 import lightning as L
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler  # noqa: F401 (re-exported)
 from torchmetrics import Metric
+
+
+def precisions() -> tuple[str | int, ...]:
+    """Every `precision` Lightning's Trainer accepts (its names, and the legacy 16, 32, 64, "bf16")."""
+    from typing import get_args
+
+    from lightning.fabric.plugins.precision import precision as p
+
+    return (
+        get_args(p._PRECISION_INPUT_STR)
+        + get_args(p._PRECISION_INPUT_INT)
+        + get_args(p._PRECISION_INPUT_STR_ALIAS)
+    )
+
+
+def unified_precision(value: str | int) -> str:
+    """Lightning's own name for a precision it accepts (16: 16-mixed, "bf16": bf16-mixed, 32: 32-true)."""
+    from lightning.fabric.connector import _convert_precision_to_unified_args
+
+    return str(_convert_precision_to_unified_args(value))
 
 
 def is_last_batch(trainer: L.Trainer) -> bool:
@@ -21,10 +42,34 @@ def batches_done_in_epoch(trainer: L.Trainer) -> int:
     return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
 
+def restarted_mid_epoch(trainer: L.Trainer) -> bool:
+    """Whether fit resumed from a checkpoint saved inside an epoch (not at its end)."""
+    return bool(trainer.fit_loop.restarted_mid_epoch)
+
+
 def launched_ranks(trainer: L.Trainer) -> list[Popen]:
     """The processes Lightning's launcher started for the other ranks (`trainer=ddp` on one machine);
-    empty in those ranks and without a launcher."""
-    return list(getattr(trainer.strategy.launcher, "procs", None) or [])
+    empty in those ranks, without a launcher, and for ddp_spawn/ddp_fork (whose every rank is a child that
+    has ended once fit returns)."""
+    procs = getattr(trainer.strategy.launcher, "procs", None) or []
+    return [p for p in procs if isinstance(p, Popen)]
+
+
+def fitted_in_children(trainer: L.Trainer) -> None:
+    """After ddp_spawn/ddp_fork fitted in child processes, give this process's CSV loggers the columns the
+    children wrote into metrics.csv: the test's children copy this process's writer, and one that knows no
+    columns rewrote the file with the test's alone (a ValueError over the fit's rows)."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    if getattr(trainer.strategy, "_start_method", "popen") == "popen":
+        return
+    for logger in trainer.loggers:
+        path = Path(logger.log_dir) / "metrics.csv" if isinstance(logger, CSVLogger) else None
+        if path is not None and path.is_file():
+            with path.open(newline="") as f:
+                logger.experiment.metrics_keys = next(csv.reader(f), [])
 
 
 def kill_launched_ranks(trainer: L.Trainer) -> None:

@@ -282,7 +282,9 @@ def _validate_strategy(cfg: DictConfig) -> None:
             "deepspeed or another name in lightning.pytorch.strategies.StrategyRegistry (or trainer=ddp)"
         )
     target = strategy.get("_target_") if isinstance(strategy, DictConfig) else None
-    fsdp = strategy == "fsdp" or (isinstance(target, str) and target.rsplit(".", 1)[-1] == "FSDPStrategy")
+    fsdp = (isinstance(strategy, str) and strategy.startswith("fsdp")) or (
+        isinstance(target, str) and target.rsplit(".", 1)[-1] == "FSDPStrategy"
+    )
     if fsdp and OmegaConf.select(cfg, "trainer.accelerator", default="auto") == "cpu":
         raise ConfigError(
             "trainer=fsdp needs GPUs (Lightning 2.6 refuses FSDP on a CPU): on a CPU use trainer=ddp_cpu, "

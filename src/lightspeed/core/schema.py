@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from lightspeed.compat.trainer import precisions
+
 #: `Key.added`'s default: the key was there from the first release.
 ORIGINAL = object()
 
@@ -145,7 +147,8 @@ SCHEMA: dict[str, Key] = {
     "task_name": Key(*FOLDER_NAME, folder=True),
     "resume": Key(*_one_of("auto", "never"), identity=False),
     "trainer.precision": Key(
-        *_one_of("auto", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+        lambda v: v == "auto" or v in precisions(),
+        "auto or " + ", ".join(dict.fromkeys(map(str, precisions()))),
     ),
     "trainer.accelerator": Key(*_one_of("auto", "cpu", "gpu", "cuda", "mps")),
     "trainer.max_epochs": Key(

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightspeed.compat.trainer import restarted_mid_epoch
+
 #: Where a checkpoint keeps every rank's random states (before 0.2: `checkpoint["callbacks"]["RankSeed"]`,
 #: moved here when loaded: `lightspeed.resilience.checkpoint.migrate`).
 KEY = "rank_rng"
@@ -23,15 +25,20 @@ class RankSeed(L.Callback):
     """Reseed torch, numpy and random with `seed + global_rank` once fit starts (what is built before, the
     weights and the data split, shares one seed; dropout and augmentation must differ between ranks), and
     keep every rank's generator states in each checkpoint. The run's seed (PL_GLOBAL_SEED) is kept: the
-    samplers derive the data order from it. States come back in `on_train_start`, before the first batch
-    is augmented (Lightning skips `on_train_epoch_start` mid-epoch)."""
+    samplers derive the data order from it. States come back when fit starts, before the training loader's
+    iterator is made, and for a mid-epoch resume again in `on_train_start`, before the first batch is
+    augmented (Lightning skips `on_train_epoch_start` mid-epoch)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self._pending: dict[str, Any] | None = None
+        self._started = False
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.world_size > 1:
+        self._started = True
+        if self._pending is not None:  # restored: the states the checkpoint was saved with
+            self._restore(trainer)
+        elif trainer.world_size > 1:
             seed = self.seed + trainer.global_rank
             random.seed(seed)
             np.random.seed(seed)
@@ -43,17 +50,25 @@ class RankSeed(L.Callback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
         self._pending = checkpoint.get(KEY)
+        if self._started and self._pending is not None:  # a strategy that restores after fit starts
+            self._restore(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._pending is None:
-            return
-        ranks = self._pending["ranks"]
+        """Restored at fit start, the states drew the training loader's iterator, made before this hook, as
+        an uninterrupted run draws its next epoch's (a plain shuffled DataLoader draws its order). Mid-epoch,
+        the uninterrupted run's iterator was made long before the checkpoint: the states again."""
+        if self._pending is not None and restarted_mid_epoch(trainer):
+            self._restore(trainer)
         self._pending = None
+
+    def _restore(self, trainer: L.Trainer) -> None:
+        ranks = self._pending["ranks"] if self._pending is not None else []
         if len(ranks) != trainer.world_size:
             rank_zero_warn(
                 f"the checkpoint holds random states for {len(ranks)} processes, this run has "
                 f"{trainer.world_size}: continuing with fresh seeds (the run is no longer bit-exact)"
             )
+            self._pending = None
             return
         restore(ranks[trainer.global_rank])
 

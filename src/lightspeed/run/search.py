@@ -106,7 +106,7 @@ def _search(cfg: DictConfig, train: Any, folder: Path) -> float | None:
     direction = "maximize" if mode == "max" else "minimize"
     with _study_file(folder):
         study = optuna.create_study(
-            study_name=str(search.study_name),
+            study_name=str(search.get("study_name") or folder.name),
             storage=f"sqlite:///{folder.resolve() / 'study.db'}",
             direction=direction,
             pruner=instantiate(search.pruner) if search.get("pruner") else optuna.pruners.NopPruner(),
@@ -129,7 +129,9 @@ def _search(cfg: DictConfig, train: Any, folder: Path) -> float | None:
                 f"{search.n_trials}: the same command continues the search"
             )
             break
-        study.sampler = instantiate(search.sampler, seed=int(search.seed) + done)
+        seed = int(search.get("seed", 0)) + done  # optional keys as Optuna's defaults: TPE
+        sampler = search.get("sampler")
+        study.sampler = instantiate(sampler, seed=seed) if sampler else optuna.samplers.TPESampler(seed=seed)
         with _study_file(folder):
             trial = study.ask(space)
         trial_cfg = _trial_config(cfg, trial.params, folder / "trials" / str(trial.number))

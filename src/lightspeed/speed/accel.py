@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lightspeed.compat.trainer import unified_precision
 from lightspeed.core.config import first_line
 from lightspeed.core.device import can_flush, cpu_count, skip_repeated_cuda_probe, thread_modes
 from lightspeed.core.schema import SCHEMA
@@ -69,6 +70,8 @@ def resolve(cfg: DictConfig) -> list[str]:
         trainer, data = cfg.trainer, cfg.data
         if trainer.get("precision") == "auto":
             trainer.precision = auto_precision(device)
+        elif trainer.get("precision") is not None:  # Lightning's legacy 16, 32, "bf16": its own names
+            trainer.precision = unified_precision(trainer.precision)
         if trainer.get("benchmark") == "auto":  # autotuning picks kernels by timing: not reproducible
             trainer.benchmark = cuda and not trainer.get("deterministic")
         elif trainer.get("benchmark") is True and not cuda:

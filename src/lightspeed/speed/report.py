@@ -94,7 +94,13 @@ class SpeedReport(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
         if self.summary_depth:
-            rank_zero_info(f"\n{summarize(pl_module, max_depth=self.summary_depth)}")
+            example = pl_module.example_input_array  # in the precision the weights are in (bf16-true)
+            if isinstance(example, torch.Tensor):
+                pl_module.example_input_array = trainer.precision_plugin.convert_input(example)
+            try:
+                rank_zero_info(f"\n{summarize(pl_module, max_depth=self.summary_depth)}")
+            finally:
+                pl_module.example_input_array = example
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
 
