@@ -5,6 +5,9 @@ on the commands that use it."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import lightspeed
@@ -87,3 +90,28 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
 def test_the_top_level_holds_the_users_part_and_the_rooms() -> None:
     top = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     assert top - {"__init__"} == set().union(*FLOORS)
+
+
+#: Optional features a default run never loads: each is imported where it is used (issue 47, a small core).
+OPTIONAL = (
+    "lightspeed.run.search",
+    "lightspeed.resilience.sharded",
+    "optuna",
+    "torch.distributed.checkpoint",
+)
+
+
+def test_a_default_run_loads_no_optional_feature(tmp_path: Path) -> None:
+    code = (
+        "import atexit, json, sys\n"
+        "atexit.register(lambda: print('LOADED', json.dumps(sorted(sys.modules))))\n"
+        f"sys.argv = ['train', 'debug=fdr', 'print_config=false', 'paths.log_dir={tmp_path}']\n"
+        "from lightspeed.train import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = json.loads(proc.stdout.rsplit("LOADED ", 1)[1])
+    assert "lightspeed.train" in loaded and not [m for m in loaded if m.startswith(OPTIONAL)]

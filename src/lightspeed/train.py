@@ -25,7 +25,7 @@ from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import checkpoint, identity, lock, resume
-from lightspeed.run import build, monitor, search, tracking
+from lightspeed.run import build, monitor, tracking
 from lightspeed.run.entry import hydra_entry, keep_hydra_files
 from lightspeed.speed import accel
 
@@ -274,6 +274,8 @@ def train_or_search(
                 "on one device (trainer=cpu or trainer=gpu)"
             )
         monitor.settle(cfg)
+        from lightspeed.run import search  # Optuna's, only for a search
+
         return search.run(cfg, lambda trial_cfg, pruning: run(trial_cfg, pruning).score)
 
 

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.core.config import ConfigError
-from lightspeed.resilience import checkpoint, identity, sharded
+from lightspeed.resilience import checkpoint, identity
 
 
 def checkpoint_dir(cfg: DictConfig) -> Path:
@@ -32,6 +32,8 @@ def inspect(path: Path, warn: bool = True) -> dict[str, Any] | None:
     None (with one warning line, unless `warn` is false)."""
     try:
         if path.is_dir():  # a sharded checkpoint (resilience/sharded.py): its meta.pt says the same
+            from lightspeed.resilience import sharded  # only where there is one: it loads DCP
+
             ckpt = sharded.read_meta(path)
         else:
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -43,12 +45,18 @@ def inspect(path: Path, warn: bool = True) -> dict[str, Any] | None:
         }
     except (pickle.UnpicklingError, EOFError, RuntimeError, KeyError, OSError, ValueError, TypeError) as err:
         if warn:
-            why = sharded.problem(path) if path.is_dir() else checkpoint.why(err, path)
+            why = problem(path) if path.is_dir() else checkpoint.why(err, path)
             rank_zero_warn(f"resume=auto: skipping {path}: not a loadable checkpoint ({why})")
         return None
 
 
-problem = sharded.any_problem  # `checkpoint.problem`, for a sharded checkpoint (a folder) too
+def problem(path: Path) -> str | None:
+    """`checkpoint.problem`, for a sharded checkpoint (a folder) too."""
+    if not path.is_dir():
+        return checkpoint.problem(path)
+    from lightspeed.resilience import sharded
+
+    return sharded.problem(path)
 
 
 def foreign(info: dict[str, Any], ident: dict[str, Any], adopted: bool) -> str | None:
@@ -65,8 +73,11 @@ def latest(folder: Path, ident: dict[str, Any], adopted: bool = False) -> tuple[
     """This run's checkpoint furthest into training (then the newest file) in `folder` that checks out
     (`checkpoint.problem`); each one passed over is named in a warning line."""
     found = []
-    with contextlib.suppress(OSError):  # another rank may be putting it back at the same moment
-        sharded.recover(folder)
+    if folder.is_dir() and any(folder.glob(".*.ckpt.old")):  # a save cut between its two renames
+        from lightspeed.resilience import sharded
+
+        with contextlib.suppress(OSError):  # another rank may be putting it back at the same moment
+            sharded.recover(folder)
     for path in folder.glob("*.ckpt") if folder.is_dir() else ():
         info = inspect(path)
         if info is None:
@@ -156,6 +167,8 @@ def _check_strategy_loads(cfg: DictConfig, path: Path, what: str) -> None:
     """A sharded checkpoint (a folder) loads only through a strategy that writes them: one line otherwise."""
     if not path.is_dir():
         return
+    from lightspeed.resilience import sharded
+
     target = OmegaConf.select(cfg, "trainer.strategy._target_", default=None)
     try:
         ok = target is not None and issubclass(get_class(str(target)), sharded.ShardedCheckpoints)
@@ -198,6 +211,8 @@ def _bring_last_up_to_date(path: Path, info: dict[str, Any]) -> None:
     behind = inspect(last, warn=False)
     if behind is None or behind["global_step"] < info["global_step"] or problem(last) is not None:
         if path.is_dir():  # sharded: a copy of the folder, renamed into place as a save does
+            from lightspeed.resilience import sharded
+
             partial = last.with_name(f".{last.name}.partial")
             shutil.rmtree(partial, ignore_errors=True)
             shutil.copytree(path, partial)

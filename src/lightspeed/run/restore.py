@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, check_checkpoint_path, check_data_targets, locate
 from lightspeed.core.files import read_json
-from lightspeed.resilience import checkpoint, sharded
+from lightspeed.resilience import checkpoint
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
 from lightspeed.run import build
 
@@ -39,7 +39,7 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
         if not path.exists() and isinstance(record.get("run_dir"), str):  # the run's folder was moved
             with contextlib.suppress(ValueError):
                 path = found.parent / path.relative_to(record["run_dir"])
-        if path.is_file() or sharded.is_sharded(path):
+        if path.is_file() or _sharded(path):
             return path
     raise ConfigError(
         f"ckpt_path=latest found no training run with a best checkpoint under {log_dir / 'train'}: "
@@ -53,12 +53,15 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
     ckpt = find_checkpoint(str(cfg.ckpt_path), Path(cfg.paths.log_dir))
     # map_location="cpu": a checkpoint saved on a GPU loads on any machine; the Trainer then moves
     # the model to whatever device this run uses. weights_only: loading never executes code.
+    sharded: Any = None
     if ckpt.is_dir():  # sharded (trainer=fsdp): gathered into one checkpoint in memory, on the CPU
+        from lightspeed.resilience import sharded  # only for one: it loads DCP
+
         reason = sharded.problem(ckpt)
         if reason is not None:
             raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
     with checkpoint.loading(ckpt):
-        source: Any = sharded.one_file_bytes(ckpt) if ckpt.is_dir() else ckpt
+        source = sharded.one_file_bytes(ckpt) if sharded is not None else ckpt
         stored = torch.load(source, map_location="cpu", weights_only=True, mmap=not ckpt.is_dir())
         node = _module_node(cfg, stored, ckpt)
         try:
@@ -123,6 +126,14 @@ def ran(ckpt: Path) -> str:
         return overrides.read_text()[:65536] if overrides.is_file() else ""
     except (OSError, UnicodeDecodeError):
         return ""
+
+
+def _sharded(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    from lightspeed.resilience import sharded
+
+    return sharded.is_sharded(path)
 
 
 def _run_target(stored: dict[str, Any]) -> Any:
