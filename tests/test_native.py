@@ -115,3 +115,14 @@ def test_every_precision_lightning_accepts_trains(tmp_path: Path, precision: str
     summary = "callbacks.speed_report.summary_depth=1"  # its example input through the weights
     result = train(compose(tmp_path, "train", f"trainer.precision={precision}", "debug=fdr", *QUIET, summary))
     assert result.trainer.precision == plugin
+
+
+def test_the_shipped_nets_rules_are_theirs_alone(tmp_path: Path, project: list[str], capsys) -> None:
+    """`model.net.hidden` is a list of widths for the shipped MLP, checked where it is built; a net of the
+    user's may give the key another meaning (an int here), and the config does not refuse it."""
+    with pytest.raises(SystemExit):  # DenseNet takes no hidden: its own error, not a rule of the config's
+        train(compose(tmp_path, "train", *project, "model=lht", "data=lht", "+model.net.hidden=64", *TINY))
+    assert "unexpected keyword argument 'hidden'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train(compose(tmp_path, "train", "model=mlp", "model.net.hidden=64", *TINY))
+    assert "model.net.hidden=64 is invalid: use a non-empty list of integers" in capsys.readouterr().err

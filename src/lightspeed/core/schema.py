@@ -67,13 +67,6 @@ def _or_null(rule: tuple[Callable[[Any], bool], str]) -> tuple[Callable[[Any], b
     return (lambda v: v is None or rule[0](v), f"{rule[1]} or null")
 
 
-def _sizes(example: str) -> tuple[Callable[[Any], bool], str]:
-    return (
-        lambda v: isinstance(v, Sequence) and len(v) > 0 and all(is_int(c) and c >= 1 for c in v),
-        f"a non-empty list of integers >= 1, e.g. {example}",
-    )
-
-
 def _named(allowed: str) -> tuple[Callable[[Any], bool], str]:
     return (lambda v: isinstance(v, str) and v != "", allowed)
 
@@ -114,8 +107,6 @@ SCHEMA: dict[str, Key] = {
     "model.optimizer.momentum": Key(*_BELOW_ONE),
     "model.scheduler.pct_start": Key(*_BETWEEN),
     "model.net.dropout": Key(*_BELOW_ONE),
-    "model.net.channels": Key(*_sizes("[32, 64]")),
-    "model.net.hidden": Key(*_sizes("[256, 128]")),
     "trainer.min_epochs": Key(*_or_null(_int_at_least(0))),
     "trainer.num_sanity_val_steps": Key(
         *_int_at_least(-1, " (-1: the whole validation set)"), identity=False

@@ -90,6 +90,17 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
     return net
 
 
+def widths(key: str, value: Any, example: str) -> list[int]:
+    """A shipped net's layer widths (`model.net.<key>`): a non-empty list of integers >= 1, else one line.
+    The net's own rule, where it is built: a net of yours may give the key another meaning."""
+    ok = isinstance(value, (list, tuple)) and len(value) > 0
+    if not ok or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        raise ConfigError(
+            f"model.net.{key}={value!r} is invalid: use a non-empty list of integers >= 1, e.g. {example}"
+        )
+    return list(value)
+
+
 def takes(fn: Callable[..., Any], offered: dict[str, Any], through_kwargs: bool = True) -> dict[str, Any]:
     """The entries of `offered` that `fn` (a class or a function) accepts as keyword arguments: by name, or
     all of them where it has **kwargs and `through_kwargs` (not for a factory, which passes them on)."""

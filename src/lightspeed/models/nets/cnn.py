@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from lightspeed.models.nets import register
+from lightspeed.models.nets import register, widths
 
 
 def conv_bn(c_in: int, c_out: int) -> nn.Sequential:
@@ -34,7 +34,7 @@ class CNN(nn.Module):
         super().__init__()
         stages: list[nn.Module] = []
         c_in = input_shape[0]
-        for i, c_out in enumerate(channels):
+        for i, c_out in enumerate(widths("channels", channels, "[32, 64]")):
             if i > 0:
                 stages.append(nn.MaxPool2d(2))  # halve H and W between stages
             stages.append(conv_bn(c_in, c_out))

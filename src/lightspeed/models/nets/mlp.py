@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from lightspeed.models.nets import register
+from lightspeed.models.nets import register, widths
 
 
 @register("mlp")
@@ -25,7 +25,7 @@ class MLP(nn.Module):
         super().__init__()
         layers: list[nn.Module] = [nn.Flatten()]
         width = math.prod(input_shape)
-        for h in hidden:
+        for h in widths("hidden", hidden, "[256, 128]"):
             layers += [nn.Linear(width, h), nn.ReLU(inplace=True), nn.Dropout(dropout)]
             width = h
         layers.append(nn.Linear(width, num_outputs))
