@@ -116,6 +116,13 @@ class DigitsLitModule(L.LightningModule):
         }
 
 
+class WithoutValidation(DigitsLitModule):
+    """The same module with no validation: it logs train/loss and train/acc alone."""
+
+    validation_step = L.LightningModule.validation_step
+    on_validation_epoch_end = L.LightningModule.on_validation_epoch_end
+
+
 class DigitsDataModule(L.LightningDataModule):
     """scikit-learn's bundled digits (no download) as (1, 8, 8) images, split once with a fixed seed."""
 

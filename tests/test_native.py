@@ -126,3 +126,19 @@ def test_the_shipped_nets_rules_are_theirs_alone(tmp_path: Path, project: list[s
     with pytest.raises(SystemExit):
         train(compose(tmp_path, "train", "model=mlp", "model.net.hidden=64", *TINY))
     assert "model.net.hidden=64 is invalid: use a non-empty list of integers" in capsys.readouterr().err
+
+
+def test_a_module_without_validation_is_told_what_to_monitor_then_trains_on_it(
+    tmp_path: Path, project: list[str], capsys
+) -> None:
+    """No val/loss to judge it by: one line naming what it logs in training (was EarlyStopping's traceback
+    at the first epoch's end); monitor.metric=train/loss then picks its best checkpoint."""
+    module = ["model=lht", "data=lht", "model._target_=lht_style.WithoutValidation", "model.scheduler=null"]
+    module += TINY
+    with pytest.raises(SystemExit) as stop:
+        train(compose(tmp_path, "train", *project, *module))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "did you mean monitor.metric=train/loss?" in err[0]
+    again = ["monitor.metric=train/loss", "run_name=again"]
+    result = train(compose(tmp_path, "train", *project, *module, *again))
+    assert result.best_checkpoint and "test/acc" in result.metrics

@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.core.config import ConfigError, locate
@@ -129,9 +130,15 @@ class MonitorCheck(L.Callback):
         if not trainer.sanity_checking:
             self._check(trainer)
 
-    def _check(self, trainer: L.Trainer) -> None:
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A module without a validation_step is judged on what it logs in training: checked at the first
+        epoch's end, before the callbacks that read it (Lightning's EarlyStopping raised a traceback)."""
+        if not is_overridden("validation_step", pl_module) and not self._warned:
+            self._check(trainer, training=True)
+
+    def _check(self, trainer: L.Trainer, training: bool = False) -> None:
         logged = sorted({*trainer.callback_metrics, "epoch", "step"})  # Lightning adds the last two
-        if self.metric in logged or self.metric.startswith("train"):  # logged in training, not checked here
+        if self.metric in logged or (self.metric.startswith("train") and not training):  # checked in training
             return
         close = difflib.get_close_matches(self.metric, logged, n=1)
         hint = f"did you mean monitor.metric={close[0]}? " if close else ""
