@@ -5,7 +5,9 @@ and `_partial_` optimizer and scheduler built by Hydra, kept by `save_hyperparam
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ import torch
 import lht_style
 from conftest import QUIET, TINY
 from lightspeed.core import config
+from lightspeed.core.config import ConfigError
 from lightspeed.eval import run as evaluate
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
 from lightspeed.run.entry import compose_config
@@ -142,3 +145,18 @@ def test_a_module_without_validation_is_told_what_to_monitor_then_trains_on_it(
     again = ["monitor.metric=train/loss", "run_name=again"]
     result = train(compose(tmp_path, "train", *project, *module, *again))
     assert result.best_checkpoint and "test/acc" in result.metrics
+
+
+def test_a_mapping_given_for_a_node_says_how_to_replace_it(tmp_path: Path, capsys) -> None:
+    """Hydra merges `model.net={...}` into the node it has (a key that node lacks is refused): the line says
+    so and gives the replacement, not "not a setting ... +model.net=", which Hydra refuses too."""
+    from lightspeed.run.entry import run as run_entry
+
+    net = "model.net={_target_: timm.create_model, model_name: resnet10t}"
+    with (
+        mock.patch.object(sys, "argv", ["train", net, f"paths.log_dir={tmp_path}"]),
+        pytest.raises(ConfigError) as err,
+    ):
+        run_entry("train", lambda cfg: None)
+    assert "is merged into the model.net the config has" in str(err.value)
+    assert f"~model.net '+{net}'" in str(err.value)

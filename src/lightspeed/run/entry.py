@@ -314,6 +314,13 @@ def composition_error(err: Exception, args: list[str], config_name: str = "train
         value = next((a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == key), "...")
         if "No match in the defaults list" in text and is_group(key):
             return unused_group(key, value, config_name)
+        inner = str(getattr(err.__cause__, "full_key", None) or "")
+        if value.startswith("{") and inner.startswith(f"{key}."):  # Hydra merges a mapping into the node
+            new = inner[len(key) + 1 :]
+            return (
+                f"{key}={value} is merged into the {key} the config has, which has no {new}: to replace "
+                f"that node, give ~{key} '+{key}={value}'"
+            )
         return unknown_key(key, _known_near(key, err.__cause__), f"to add a key of your own: +{key}={value}")
     unreadable = next((line for arg in overrides_in(args) if (line := grammar_error(arg))), None)
     if unreadable:
