@@ -164,6 +164,14 @@ def is_plain(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool, torch.Tensor, torch.dtype, torch.Size))
 
 
+def keep_plain_hyperparameters(checkpoint: dict[str, Any]) -> None:
+    """Leave out of the module's and the DataModule's hyperparameters what is not plain data (a net, a
+    `functools.partial`): the checkpoint keeps the node that rebuilds them instead."""
+    for key in (L.LightningModule.CHECKPOINT_HYPER_PARAMS_KEY, "datamodule_hyper_parameters"):
+        if isinstance(checkpoint.get(key), dict):
+            checkpoint[key] = {k: v for k, v in checkpoint[key].items() if is_plain(v)}
+
+
 class RunIdentity(L.Callback):
     """Stores the run's identity in every checkpoint (`checkpoint["identity"]`): auto-resume takes only this
     run's checkpoints, and each names the settings (data config included), samples (`TRAIN_SAMPLES_KEY`, from
@@ -201,9 +209,7 @@ class RunIdentity(L.Callback):
             checkpoint[FROM_DATA_KEY] = list(self.from_data)
         if self.model is not None:
             checkpoint[MODEL_CONFIG_KEY] = self.model
-        for key in (L.LightningModule.CHECKPOINT_HYPER_PARAMS_KEY, "datamodule_hyper_parameters"):
-            if isinstance(checkpoint.get(key), dict):
-                checkpoint[key] = {k: v for k, v in checkpoint[key].items() if is_plain(v)}
+        keep_plain_hyperparameters(checkpoint)
         ids = getattr(trainer.datamodule, "sample_ids", None)
         if isinstance(ids, dict) and ids.get("train") is not None:
             checkpoint[TRAIN_SAMPLES_KEY] = ids["train"]
