@@ -375,13 +375,15 @@ MAX_YAML_VALUES = 100_000
 
 
 def config_dirs(args: Sequence[str]) -> list[Path]:
-    """The folders a command line adds to the search path: `--config-dir X`, `-cd X`, `=X` forms, and the
-    abbreviations argparse takes (`--config-d X`)."""
+    """The folders a command line adds to the search path: `--config-dir X`, `-cd X`, `=X` forms, the
+    abbreviations argparse takes (`--config-d X`), and the `file://` entries of `hydra.searchpath=[...]`."""
     found = []
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
         if flag == "-cd" or (len(flag) >= len("--config-d") and "--config-dir".startswith(flag)):
             found += [Path(value)] if eq else [Path(args[i + 1])] if i + 1 < len(args) else []
+        if flag.lstrip("+") == "hydra.searchpath":
+            found += [Path(p) for p in re.findall(r"file://([^,\]\s'\"]+)", value)]
     return found
 
 
