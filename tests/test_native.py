@@ -162,15 +162,15 @@ def test_a_mapping_given_for_a_node_says_how_to_replace_it(tmp_path: Path, capsy
     assert f"~model.net '+{net}'" in str(err.value)
 
 
-def test_options_a_search_path_on_the_command_line_adds_are_options(
-    tmp_path: Path, project: list[str]
-) -> None:
+def test_options_a_search_path_on_the_command_line_adds_are_options(tmp_path: Path) -> None:
     """`hydra.searchpath=[...,file://<conf>]` adds `model=lht`, as Hydra composes it (the engine's check of
     group options before Hydra ran knew conf/ and `--config-dir` alone: "model=lht is not an option")."""
     from lightspeed.run.entry import run as run_entry
 
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "lht.yaml").write_text(lht_style.MODEL_YAML)
     seen = []
-    argv = ["train", *project, "model=lht", f"paths.log_dir={tmp_path}"]
-    with mock.patch.object(sys, "argv", argv):
+    search = f"hydra.searchpath=[pkg://lightspeed.conf,file://{tmp_path / 'conf'}]"
+    with mock.patch.object(sys, "argv", ["train", search, "model=lht", f"paths.log_dir={tmp_path}"]):
         run_entry("train", lambda cfg: seen.append(cfg.model._target_))
     assert seen == ["lht_style.DigitsLitModule"]
