@@ -71,8 +71,14 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
                 f"ckpt_path={ckpt}: its model does not rebuild ({err}): pass another checkpoint, or "
                 "module=<the class that trained it>"
             ) from None
+        weights = stored.get("state_dict")
+        if not isinstance(weights, dict):
+            raise ConfigError(
+                f"ckpt_path={ckpt} holds no weights (its state_dict is {type(weights).__name__}, not a "
+                "mapping of tensors): pass another checkpoint"
+            )
         model.on_load_checkpoint(stored)
-        model.load_state_dict(stored["state_dict"])
+        model.load_state_dict(weights)
     # it loads: is it sound? (a NaN model scores as if it were; a folder's files were checked above)
     reason = checkpoint.nonfinite_weights(stored) if ckpt.is_dir() else checkpoint.problem(ckpt)
     if reason is not None:
