@@ -12,13 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.compat.trainer import fitted_in_children, kill_launched_ranks, launched_ranks
+from lightspeed.compat.trainer import (
+    fitted_in_children,
+    kill_launched_ranks,
+    launched_ranks,
+    progress_saved,
+    spawned,
+)
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train, writing_run_folder
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
@@ -196,13 +203,17 @@ class Run:
         best = ckpt.best_model_path if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
         metrics = self._fit_metrics(trainer, best)
         run_dir = plan.run_dir
+        progress = trainer.global_step, trainer.current_epoch
+        last = resume.checkpoint_dir(cfg) / "last.ckpt"
+        if spawned(trainer) and last.is_file():  # the children's: Lightning does not bring it back
+            progress = progress_saved(torch.load(last, map_location="cpu", weights_only=True, mmap=True))
         facts = {
             "run_dir": run_dir,
             "monitor": f"{plan.monitor[0]} ({plan.monitor[1]})" if plan.monitor else None,
             "best_checkpoint": best,
             "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,
-            "global_step": trainer.global_step,
-            "epochs": trainer.current_epoch,
+            "global_step": progress[0],
+            "epochs": progress[1],
             "fit_seconds": round(self._fit_s, 2),  # every attempt's: a resumed or rerun run adds to it
             "tested": None,
             "curves": None,

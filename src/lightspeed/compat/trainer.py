@@ -6,6 +6,7 @@ import signal
 import threading
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler  # noqa: F401 (re-exported)
@@ -55,6 +56,18 @@ def launched_ranks(trainer: L.Trainer) -> list[Popen]:
     return [p for p in procs if isinstance(p, Popen)]
 
 
+def spawned(trainer: L.Trainer) -> bool:
+    """Whether the ranks ran in child processes of this one (ddp_spawn, ddp_fork): what they changed of the
+    Trainer stays there, but for the weights, metrics and best checkpoint Lightning brings back."""
+    return getattr(trainer.strategy, "_start_method", "popen") != "popen"
+
+
+def progress_saved(checkpoint: dict[str, Any]) -> tuple[int, int]:
+    """The global step and the epochs completed, as a Lightning checkpoint keeps them."""
+    epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"]
+    return int(checkpoint["global_step"]), int(epochs)
+
+
 def fitted_in_children(trainer: L.Trainer) -> None:
     """After ddp_spawn/ddp_fork fitted in child processes, give this process's CSV loggers the columns the
     children wrote into metrics.csv: the test's children copy this process's writer, and one that knows no
@@ -63,7 +76,7 @@ def fitted_in_children(trainer: L.Trainer) -> None:
 
     from lightning.pytorch.loggers import CSVLogger
 
-    if getattr(trainer.strategy, "_start_method", "popen") == "popen":
+    if not spawned(trainer):
         return
     for logger in trainer.loggers:
         path = Path(logger.log_dir) / "metrics.csv" if isinstance(logger, CSVLogger) else None
