@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightspeed.data import DigitsDataModule
 from lightspeed.data.diabetes import DiabetesDataModule
 from lightspeed.models.classifier import Classifier
+from lightspeed.models.nets.mlp import MLP
 from lightspeed.resilience.identity import RunIdentity, digest
 from lightspeed.speed.accel import compiled_frames
 
@@ -611,3 +612,10 @@ class TwelveFeatures(DiabetesDataModule):
     def load_arrays(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = super().load_arrays()
         return torch.cat([x, torch.ones(len(x), 2)], dim=1), y
+
+
+class ForwardingMLP(MLP):
+    """A net subclass that passes its keyword arguments on, as Python subclasses often do."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)

@@ -11,12 +11,14 @@ from unittest import mock
 
 import pytest
 import torch
+import yaml
 
 import lht_style
 from conftest import QUIET, TINY
 from lightspeed.core import config
 from lightspeed.core.config import ConfigError
 from lightspeed.eval import run as evaluate
+from lightspeed.export import run as export
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
 from lightspeed.run.entry import compose_config
 from lightspeed.train import train
@@ -61,15 +63,39 @@ def test_a_module_in_lht_s_idiom_trains_checkpoints_plain_data_and_eval_rebuilds
 def test_a_checkpoint_s_model_node_names_only_what_conf_or_its_run_s_command_line_names(
     tmp_path: Path, project: list[str], capsys
 ) -> None:
+    """Each crafted node is one line and runs nothing: a class no conf/ names (a record of the run's command
+    line beside it vouching for it only in a comment), a resolver that would build one past the check, a
+    `_partial_` that builds no module; a fixed data folder is refused to export too."""
     result = train(compose(tmp_path, "train", *project, "model=lht", "data=lht", *TINY))
     stored = torch.load(result.best_checkpoint, weights_only=True)
-    stored[MODEL_CONFIG_KEY]["net"] = {"_target_": "shutil.rmtree", "path": str(tmp_path / "logs")}
-    torch.save(stored, result.best_checkpoint)
+    marker, crafted = tmp_path / "ran", Path(result.best_checkpoint).parent / "x.ckpt"  # in the run's folder
+    run = f"{{_target_: subprocess.getoutput, cmd: 'touch {marker}'}}"
+    (Path(result.best_checkpoint).parent.parent / ".hydra").mkdir()
+    (Path(result.best_checkpoint).parent.parent / ".hydra" / "overrides.yaml").write_text(
+        "# model.net._target_=subprocess.getoutput\n- model=lht\n"
+    )
+    for net, said in (
+        ({"_target_": "subprocess.getoutput", "cmd": f"touch {marker}"}, "net._target_=subprocess.getoutput"),
+        (f"${{oc.create:'{run}'}}", "holds an interpolation"),
+    ):
+        torch.save({**stored, MODEL_CONFIG_KEY: {**stored[MODEL_CONFIG_KEY], "net": net}}, crafted)
+        with pytest.raises(SystemExit) as stop:
+            evaluate(compose(tmp_path, "eval", *project, f"ckpt_path={crafted}", *QUIET_EVAL))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and said in err[0] and not marker.exists(), err
+    torch.save({**stored, MODEL_CONFIG_KEY: {**stored[MODEL_CONFIG_KEY], "_partial_": True}}, crafted)
     with pytest.raises(SystemExit) as stop:
-        evaluate(compose(tmp_path, "eval", *project, f"ckpt_path={result.best_checkpoint}", *QUIET_EVAL))
-    assert stop.value.code == 2 and (tmp_path / "logs").is_dir()
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "net._target_=shutil.rmtree" in err[0] and "conf/" in err[0]
+        evaluate(compose(tmp_path, "eval", *project, f"ckpt_path={crafted}", *QUIET_EVAL))
+    assert stop.value.code == 2 and "not a module" in capsys.readouterr().err
+    fixed = {**stored["data_config"], "data_dir": str(tmp_path / "chosen")}
+    torch.save({**stored, "data_config": fixed}, crafted)
+    with pytest.raises(SystemExit) as stop:
+        export(compose(tmp_path, "export", *project, f"ckpt_path={crafted}"))
+    assert (
+        stop.value.code == 2
+        and "fixed path" in capsys.readouterr().err
+        and not (tmp_path / "chosen").exists()
+    )
 
 
 def test_a_module_that_takes_nothing_from_the_data_trains_on_data_that_offers_it(
@@ -104,7 +130,7 @@ def test_timm_s_factory_is_a_net(tmp_path: Path, project: list[str], model: str)
     with pytest.raises(SystemExit) as stop:
         evaluate(compose(tmp_path, "eval", *project, *QUIET_EVAL))
     assert stop.value.code == 2
-    record.write_text(f"- model={model}\n- ~model.net\n- {net}\n")
+    record.write_text(yaml.safe_dump([f"model={model}", "~model.net", net]))  # as Hydra writes it
     tested = evaluate(compose(tmp_path, "eval", *project, *QUIET_EVAL))
     assert tested["test/loss"] == pytest.approx(result.metrics["test/loss"])
 
@@ -174,3 +200,22 @@ def test_options_a_search_path_on_the_command_line_adds_are_options(tmp_path: Pa
     with mock.patch.object(sys, "argv", ["train", search, "model=lht", f"paths.log_dir={tmp_path}"]):
         run_entry("train", lambda cfg: seen.append(cfg.model._target_))
     assert seen == ["lht_style.DigitsLitModule"]
+
+
+def test_a_net_class_passing_its_keyword_arguments_on_gets_the_data_s() -> None:
+    from lightspeed.models.nets import build_net
+
+    net = build_net({"_target_": "probes.ForwardingMLP", "hidden": [8]}, input_shape=[4], num_outputs=2)
+    assert net(torch.zeros(3, 4)).shape == (3, 2)
+
+
+def test_a_resume_on_another_number_of_ranks_gives_each_rank_its_own_stream() -> None:
+    from types import SimpleNamespace
+
+    from lightspeed.resilience.rank_seed import RankSeed, capture
+
+    guard = RankSeed(seed=7)
+    guard.on_load_checkpoint(None, None, {"rank_rng": {"ranks": [capture()]}})  # one process saved it
+    with pytest.warns(UserWarning, match="fresh seeds"):
+        guard.on_fit_start(SimpleNamespace(world_size=2, global_rank=1), None)
+    assert torch.initial_seed() == 8  # seed + rank, not the saved stream on every rank

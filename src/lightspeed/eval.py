@@ -4,7 +4,6 @@ run was trained with, and optionally write predictions (computed under inference
 from __future__ import annotations
 
 import csv
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, check_data_targets, exit_on_config_error, validate_common
+from lightspeed.core.config import ConfigError, exit_on_config_error, validate_common
 from lightspeed.core.failures import exit_on_failure
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.core.schema import SCHEMA
@@ -25,7 +24,7 @@ from lightspeed.resilience import identity
 from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, FROM_DATA_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build, tracking
 from lightspeed.run.entry import hydra_entry
-from lightspeed.run.restore import load_module
+from lightspeed.run.restore import check_stored_data, load_module
 from lightspeed.speed import accel
 from lightspeed.speed.accel import LOADER_KNOBS
 
@@ -145,7 +144,7 @@ def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
         return True
     if _say_which(cfg, run_data, given, ckpt):
         return True
-    _check_stored(run_data, ckpt, given)
+    check_stored_data(run_data, ckpt, given)
     run_data = {k: v for k, v in run_data.items() if k != "mirrors"}
     keep = {k: cfg.data[k] for k in LOADER_KNOBS if k in cfg.data}  # this machine's, from the accel preset
     keep |= {
@@ -171,36 +170,6 @@ def _say_which(cfg: DictConfig, run_data: dict[str, Any], given: list[str], ckpt
             "pass data=... to evaluate on other data"
         )
     return bool(what)
-
-
-def _check_stored(run_data: dict[str, Any], ckpt: Path, given: list[str]) -> None:
-    """A checkpoint's data config is data: it names only classes conf/ names, holds plain values, and
-    chooses neither the folder eval writes into (only one under this machine's paths.*) nor a server."""
-    check_data_targets({"data": run_data}, f"{ckpt.name}'s data config")
-    _check_plain(run_data, f"{ckpt.name}'s data config")
-    folder = run_data.get("data_dir")
-    if folder is not None and not str(folder).startswith("${paths.") and "data.data_dir" not in given:
-        raise ConfigError(
-            f"{ckpt.name}'s data config keeps its data at a fixed path ({folder}): a checkpoint does not "
-            "choose where eval writes; pass ++data.data_dir=<where the data is> on the command line"
-        )
-
-
-#: The one interpolation a stored data config may hold: a path of this machine's (`${paths.data_dir}`).
-_PLAIN_INTERPOLATION = re.compile(r"\$\{paths\.[A-Za-z_]\w*\}")
-
-
-def _check_plain(node: Any, where: str) -> None:
-    """Data holds plain values: an interpolation other than `${paths.<key>}` (a resolver such as
-    `${oc.create:...}` builds and can call objects; chained ones grow without bound) is refused."""
-    if isinstance(node, (dict, list)):
-        for value in node.values() if isinstance(node, dict) else node:
-            _check_plain(value, where)
-    elif isinstance(node, str) and "${" in _PLAIN_INTERPOLATION.sub("", node):
-        raise ConfigError(
-            f"{where} holds an interpolation ({node[:60]}): a checkpoint is data, its config plain values "
-            "(and ${paths.*}) only; pass the data on the command line (data=...)"
-        )
 
 
 def _data_overrides() -> list[str]:

@@ -19,12 +19,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, check_data_targets, exit_on_config_error, first_line
+from lightspeed.core.config import ConfigError, exit_on_config_error, first_line
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.resilience.identity import DATA_CONFIG_KEY
 from lightspeed.run import build
 from lightspeed.run.entry import hydra_entry
-from lightspeed.run.restore import load_module, ran
+from lightspeed.run.restore import check_stored_data, load_module
 
 FORMATS = ("onnx", "torch_export")
 
@@ -161,7 +161,8 @@ def _first_test_inputs(cfg: DictConfig, node: Any, ckpt: Path) -> torch.Tensor |
     a data file: only classes that conf/ or its run's command line names), or None without one."""
     if not isinstance(node, dict):
         return None
-    check_data_targets({"data": node}, ckpt.name, ran(ckpt))
+    check_stored_data(node, ckpt, [])  # as eval's: conf/'s classes, plain values, this machine's folders
+    node = {k: v for k, v in node.items() if k != "mirrors"}  # no server the checkpoint names
     dm = build.datamodule(OmegaConf.create({"data": node, "paths": OmegaConf.to_container(cfg.paths)}))
     dm.prepare_data()
     dm.setup("test")

@@ -39,10 +39,13 @@ class RankSeed(L.Callback):
         if self._pending is not None:  # restored: the states the checkpoint was saved with
             self._restore(trainer)
         elif trainer.world_size > 1:
-            seed = self.seed + trainer.global_rank
-            random.seed(seed)
-            np.random.seed(seed)
-            torch.manual_seed(seed)  # all devices' generators too
+            self._reseed(trainer)
+
+    def _reseed(self, trainer: L.Trainer) -> None:
+        seed = self.seed + trainer.global_rank
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)  # all devices' generators too
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
         """Every rank's states (a collective: Lightning builds checkpoints on all ranks at once)."""
@@ -69,6 +72,7 @@ class RankSeed(L.Callback):
                 f"{trainer.world_size}: continuing with fresh seeds (the run is no longer bit-exact)"
             )
             self._pending = None
+            self._reseed(trainer)  # a stream of each rank's own, as a run that starts
             return
         restore(ranks[trainer.global_rank])
 

@@ -5,6 +5,7 @@ command line's `module=`), and its weights, on the CPU and loaded without runnin
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,10 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
                 f"ckpt_path={ckpt}: its model does not rebuild ({err}): pass another checkpoint, or "
                 "module=<the class that trained it>"
             ) from None
+        if not isinstance(model, L.LightningModule):  # a `_partial_` at its top, say
+            raise ConfigError(
+                f"ckpt_path={ckpt}: its model node builds a {type(model).__name__}, not a module"
+            )
         weights = stored.get("state_dict")
         if not isinstance(weights, dict):
             raise ConfigError(
@@ -92,7 +97,7 @@ def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[st
     before it was kept: the class its run's config names with its hyperparameters), the class replaced by
     `module` when given (the command line, code the user runs). The node is data: each `_target_` in it must
     be one that conf/ names, or its run's command line (`.hydra/overrides.yaml` beside its checkpoints)."""
-    node = stored.get(MODEL_CONFIG_KEY)
+    node, log_dir = stored.get(MODEL_CONFIG_KEY), Path(cfg.paths.log_dir)
     if not isinstance(node, dict):  # an older checkpoint: its class, with its plain hyperparameters
         hparams: dict[str, Any] = {}
         for key in ("module_arguments", "hparams", "hyper_parameters"):  # Lightning's older names, merged
@@ -101,7 +106,7 @@ def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[st
                     f"ckpt_path={ckpt}: its {key} is a {type(stored[key]).__name__}, not the module's "
                     "arguments: pass another checkpoint"
                 )
-            check_data_targets({"model": stored.get(key) or {}}, ckpt.name, ran(ckpt))  # each, before merged
+            check_data_targets({"model": stored.get(key) or {}}, ckpt.name, ran(ckpt, log_dir))  # each
             hparams.update(stored.get(key) or {})
         node = {**hparams, "_target_": _run_target(stored), "_recursive_": False}
     name = cfg.get("module") or node.get("_target_")
@@ -111,9 +116,11 @@ def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[st
             f"ckpt_path={ckpt} names no LightningModule class (saved outside Lightspeed): pass "
             "module=<its class>, e.g. module=lightspeed.models.classifier.Classifier"
         )
-    # the command line's class is the user's; what the checkpoint names is checked
+    # the command line's class is the user's; what the checkpoint names is checked, and holds plain values
+    # (built as resolved: a resolver such as ${oc.create:...} would build objects no check has seen)
     named = {k: v for k, v in node.items() if k != "_target_" or not cfg.get("module")}
-    check_data_targets({"model": named}, ckpt.name, ran(ckpt))
+    check_plain(named, f"{ckpt.name}'s model", "pass another checkpoint")
+    check_data_targets({"model": named}, ckpt.name, ran(ckpt, log_dir))
     node = {**node, "_target_": str(name)}
     try:
         found = locate(str(name))
@@ -124,14 +131,51 @@ def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[st
     return node
 
 
-def ran(ckpt: Path) -> str:
-    """The command line of the run whose checkpoint this is (Hydra's `.hydra/overrides.yaml` in the run's
-    folder), whose `_target_`s the user named: empty for a checkpoint from elsewhere."""
-    overrides = ckpt.resolve().parent.parent / ".hydra" / "overrides.yaml"
-    try:  # a regular file, a few kB at most: a run's own record, not a FIFO or a device
-        return overrides.read_text()[:65536] if overrides.is_file() else ""
-    except (OSError, UnicodeDecodeError):
+def ran(ckpt: Path, log_dir: Path) -> str:
+    """The command line of the run whose checkpoint this is, whose `_target_`s the user named: Hydra's
+    `.hydra/overrides.yaml` in the run's folder, for a run under this machine's `paths.log_dir` (the
+    overrides alone, as a list of strings); empty for a checkpoint from elsewhere."""
+    import yaml
+
+    folder = ckpt.resolve().parent.parent
+    overrides = folder / ".hydra" / "overrides.yaml"
+    if not folder.is_relative_to(log_dir.resolve()) or not overrides.is_file():
         return ""
+    try:  # a regular file, a few kB at most: a run's own record, not a FIFO or a device
+        found = yaml.safe_load(overrides.read_text()[:65536])
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return ""
+    return "\n".join(o for o in found if isinstance(o, str)) if isinstance(found, list) else ""
+
+
+def check_stored_data(run_data: dict[str, Any], ckpt: Path, given: list[str]) -> None:
+    """A checkpoint's data config is data: it names only classes conf/ names, holds plain values, and
+    chooses neither the folder eval writes into (only one under this machine's paths.*) nor a server."""
+    check_data_targets({"data": run_data}, f"{ckpt.name}'s data config")
+    check_plain(run_data, f"{ckpt.name}'s data config")
+    folder = run_data.get("data_dir")
+    if folder is not None and not str(folder).startswith("${paths.") and "data.data_dir" not in given:
+        raise ConfigError(
+            f"{ckpt.name}'s data config keeps its data at a fixed path ({folder}): a checkpoint does not "
+            "choose where eval writes; pass ++data.data_dir=<where the data is> on the command line"
+        )
+
+
+#: The one interpolation a stored data config may hold: a path of this machine's (`${paths.data_dir}`).
+_PLAIN_INTERPOLATION = re.compile(r"\$\{paths\.[A-Za-z_]\w*\}")
+
+
+def check_plain(node: Any, where: str, fix: str = "pass the data on the command line (data=...)") -> None:
+    """Data holds plain values: an interpolation other than `${paths.<key>}` (a resolver such as
+    `${oc.create:...}` builds and can call objects; chained ones grow without bound) is refused."""
+    if isinstance(node, (dict, list)):
+        for value in node.values() if isinstance(node, dict) else node:
+            check_plain(value, where, fix)
+    elif isinstance(node, str) and "${" in _PLAIN_INTERPOLATION.sub("", node):
+        raise ConfigError(
+            f"{where} holds an interpolation ({node[:60]}): a checkpoint is data, its config plain values "
+            f"(and ${{paths.*}}) only; {fix}"
+        )
 
 
 def _sharded(path: Path) -> bool:

@@ -55,6 +55,8 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
     or `{"_target_": ..., **kwargs}` for any nn.Module class or function making one (`timm.create_model`).
     `given`: what the model knows from the data, passed where the constructor takes it by name (a key set
     in `spec` wins)."""
+    if isinstance(spec, nn.Module):  # built by Hydra already (a yaml without `_recursive_: false`)
+        return spec
     if not isinstance(spec, Mapping):
         raise ConfigError(
             f"model.net={spec!r} is no mapping: give it name: <a net> (or _target_) and its settings"
@@ -66,7 +68,8 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
             cls = get_object(str(target))
         except (ImportError, ValueError, AttributeError) as err:
             raise ConfigError(f"model.net._target_={target} cannot be imported ({err})") from None
-        name, offered = str(target), takes(cls, given, through_kwargs=False)  # a factory passes **kwargs on
+        # a function's **kwargs go on to a constructor (timm's): it gets what it names, a class all it takes
+        name, offered = str(target), takes(cls, given, through_kwargs=isinstance(cls, type))
     else:
         _discover()
         name = kwargs.pop("name", None)
