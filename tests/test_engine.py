@@ -22,7 +22,7 @@ from conftest import MACHINE_FILES
 from lightspeed import CONF_DIR, ENGINE_CONF, __version__
 
 REPO = Path(__file__).resolve().parent.parent
-ENGINE_GROUPS = sorted(p.name for p in ENGINE_CONF.iterdir() if p.is_dir())
+ENGINE_GROUPS = sorted(p.name for p in ENGINE_CONF.iterdir() if p.is_dir() and p.name != "__pycache__")
 
 
 def run(*args: str | Path, cwd: Path | None = None, env: dict | None = None) -> str:
