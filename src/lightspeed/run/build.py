@@ -201,7 +201,7 @@ def _models_built_from(given: dict[str, Any]) -> list[str]:
     for path in sorted((CONF_DIR / "model").glob("*.yaml")):
         cfg = OmegaConf.create({"model": OmegaConf.load(path)})
         try:
-            node = model_node(cfg, {k: v for k, v in given.items() if k not in cfg.model})
+            node = model_node(cfg, given)  # the data's arguments where the yaml sets none
             with torch.device("meta"):
                 _instantiate(node, _convert_="all")
             check_inputs_fit(node, given)

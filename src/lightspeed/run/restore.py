@@ -97,7 +97,7 @@ def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[st
     before it was kept: the class its run's config names with its hyperparameters), the class replaced by
     `module` when given (the command line, code the user runs). The node is data: each `_target_` in it must
     be one that conf/ names, or its run's command line (`.hydra/overrides.yaml` beside its checkpoints)."""
-    node, log_dir = stored.get(MODEL_CONFIG_KEY), Path(cfg.paths.log_dir)
+    node, command_line = stored.get(MODEL_CONFIG_KEY), ran(ckpt, Path(cfg.paths.log_dir))  # read once
     if not isinstance(node, dict):  # an older checkpoint: its class, with its plain hyperparameters
         hparams: dict[str, Any] = {}
         for key in ("module_arguments", "hparams", "hyper_parameters"):  # Lightning's older names, merged
@@ -106,7 +106,7 @@ def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[st
                     f"ckpt_path={ckpt}: its {key} is a {type(stored[key]).__name__}, not the module's "
                     "arguments: pass another checkpoint"
                 )
-            check_data_targets({"model": stored.get(key) or {}}, ckpt.name, ran(ckpt, log_dir))  # each
+            check_data_targets({"model": stored.get(key) or {}}, ckpt.name, command_line)  # each
             hparams.update(stored.get(key) or {})
         node = {**hparams, "_target_": _run_target(stored), "_recursive_": False}
     name = cfg.get("module") or node.get("_target_")
@@ -120,7 +120,7 @@ def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[st
     # (built as resolved: a resolver such as ${oc.create:...} would build objects no check has seen)
     named = {k: v for k, v in node.items() if k != "_target_" or not cfg.get("module")}
     check_plain(named, f"{ckpt.name}'s model", "pass another checkpoint")
-    check_data_targets({"model": named}, ckpt.name, ran(ckpt, log_dir))
+    check_data_targets({"model": named}, ckpt.name, command_line)
     node = {**node, "_target_": str(name)}
     try:
         found = locate(str(name))
