@@ -96,6 +96,10 @@ def test_the_top_level_holds_the_users_part_and_the_rooms() -> None:
 OPTIONAL = (
     "lightspeed.run.search",
     "lightspeed.resilience.sharded",
+    "lightspeed.run.tracking",  # MLflow's and W&B's runs continued: only with such a logger
+    "lightspeed.report.sweep_table",  # only when a sweep ends
+    "lightspeed.models.nets.resnet",  # the nets the default model does not use
+    "lightspeed.models.nets.mlp",
     "optuna",
     "torch.distributed.checkpoint",
 )

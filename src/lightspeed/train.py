@@ -32,7 +32,7 @@ from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import checkpoint, identity, lock, resume
-from lightspeed.run import build, monitor, tracking
+from lightspeed.run import build, monitor
 from lightspeed.run.entry import hydra_entry, keep_hydra_files
 from lightspeed.speed import accel
 
@@ -145,7 +145,10 @@ class Run:
             with writing_run_folder():  # its lock and run.json
                 self._held.enter_context(lock.held(run_dir))  # until the run ends, however
             idle = accel.resolve(cfg)
-            tracking.continue_runs(cfg)
+            if build.tracks(cfg):  # MLflow or W&B: their code, only then
+                from lightspeed.run import tracking
+
+                tracking.continue_runs(cfg)
             with writing_run_folder():
                 resume_from, resumed = resume.start(cfg, ident)
         keep_hydra_files()  # started in its folder: a later one-line error does not put back the old ones
@@ -178,8 +181,14 @@ class Run:
             accel.report_idle(list(plan.idle), accel.device_type(cfg))
         self.config = build.plain_config(cfg)
         summary.config_tree(self.config, plan.run_dir, show=cfg.get("print_config", True))
-        tracking.log_config(self.config, trainer.loggers)
-        tracking.remember(cfg, trainer.loggers)
+        if build.tracks(cfg):
+            from lightspeed.run import tracking
+
+            tracking.log_config(self.config, trainer.loggers)
+            tracking.remember(cfg, trainer.loggers)
+        else:
+            for logger in trainer.loggers:
+                logger.log_hyperparams(self.config)
         return trainer
 
     def fit(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> None:

@@ -297,6 +297,19 @@ def _group(cfg: DictConfig | None, group: str) -> list[Any]:
     ]
 
 
+def tracks(cfg: DictConfig) -> bool:
+    """Whether a logger is MLflow's or W&B's (or a subclass): a rerun continues their tracked runs
+    (`run/tracking.py`, imported only then)."""
+    from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
+
+    for node in (cfg.get("logger") or {}).values():
+        with contextlib.suppress(Exception):  # not importable: building it says why, in one line
+            found = get_object(str(node._target_))
+            if isinstance(found, type) and issubclass(found, (MLFlowLogger, WandbLogger)):
+                return True
+    return False
+
+
 def loggers(cfg: DictConfig) -> list[Logger]:
     """The configured loggers (an MLflow or W&B one continues the tracked run of this folder's earlier
     attempt where `tracking.continue_runs` has put its id into `cfg`)."""

@@ -39,14 +39,20 @@ def register(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
     return add
 
 
-def _discover() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
+def _discover(name: Any = None) -> None:
+    """Import the file of this folder named `name` (where a net is registered under its file's name), else
+    every file: a run imports only the net it uses."""
+    files = [info.name for info in pkgutil.iter_modules(__path__)]
+    if name in files:
+        importlib.import_module(f"{__name__}.{name}")
+    if name not in NETS:  # registered under another name than its file's, or unknown: every file
+        for file in files:
+            importlib.import_module(f"{__name__}.{file}")
 
 
 def find(name: Any) -> type[nn.Module] | None:
     """The net registered as `name`, or None."""
-    _discover()
+    _discover(name)
     return NETS.get(name) if isinstance(name, str) else None
 
 
@@ -71,9 +77,10 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
         # a function's **kwargs go on to a constructor (timm's): it gets what it names, a class all it takes
         name, offered = str(target), takes(cls, given, through_kwargs=isinstance(cls, type))
     else:
-        _discover()
         name = kwargs.pop("name", None)
+        _discover(name)
         if name not in NETS:
+            _discover()  # registered under another name than its file's, or unknown
             known = ", ".join(sorted(NETS))
             raise ConfigError(
                 f"model.net.name={name!r} is not a known net: use one of {known}, or model.net._target_="
