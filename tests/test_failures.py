@@ -14,7 +14,6 @@ import torch
 
 from conftest import TESTS, TINY, run_module
 from lightspeed.callbacks import NonFiniteGuard
-from lightspeed.resilience.guard import RunGuard
 from lightspeed.train import train
 from probes import Fault, Snapshot
 
@@ -55,8 +54,7 @@ def test_skip_drops_the_update_of_a_non_finite_step_and_trains_on(train_cfg, cap
     result = train(
         train_cfg(*TINY, "callbacks.nonfinite.action=skip", "test_after_fit=false"), [Fault("nan", 2), snap]
     )
-    (run_guard,) = [cb for cb in result.trainer.callbacks if isinstance(cb, RunGuard)]
-    guard = next(p for p in run_guard.parts if isinstance(p, NonFiniteGuard))
+    (guard,) = [cb for cb in result.trainer.callbacks if isinstance(cb, NonFiniteGuard)]
     assert guard.skipped == 1 and result.trainer.global_step == 10
     for key, before in snap.before["weights"].items():
         assert torch.equal(before, snap.after["weights"][key]), key  # the step changed nothing
@@ -159,7 +157,7 @@ def test_sigterm_to_a_real_run_exits_143_within_seconds_and_rerunning_resumes(tm
 DDP = [
     "trainer=ddp_cpu",
     *TINY,
-    "callbacks.preemption.check_every_n_steps=1",
+    "callbacks.exact_resume.check_every_n_steps=1",
     "+callbacks.fault._target_=probes.Fault",
 ]
 

@@ -18,7 +18,8 @@ def test_nets_are_found_by_name_and_unknown_ones_are_refused() -> None:
     with pytest.raises(ConfigError) as refused:
         build_net({"name": "resnet9000"}, input_shape=(1, 8, 8), num_outputs=10)
     known = ", ".join(sorted(NETS))  # every registered net, yours included: an unknown name imports all
-    assert f"model.net.name='resnet9000' is not a known net: use one of {known}, or model" in str(refused.value)
+    said = str(refused.value)
+    assert f"model.net.name='resnet9000' is not a known net: use one of {known}, or model" in said
     assert {"cnn", "mlp", "resnet"} <= set(NETS)
     with pytest.raises(ConfigError, match=r"^model\.net \(mlp\)"):
         build_net({"name": "mlp", "widths": [3]}, input_shape=(1, 8, 8), num_outputs=10)

@@ -821,8 +821,8 @@ BAD_INPUTS = [
     (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid"),
     (
         ["monitor.metric=val/los", "monitor.mode=min"],
-        "monitor.metric=val/los (mode min, used by callbacks.model_checkpoint, callbacks.early_stopping, the "
-        "run's score (sweeps)) is not a metric the model logs: did you mean monitor.metric=val/loss?",
+        "monitor.metric=val/los (mode min, used by EarlyStopping) is not a metric the model logs: did you "
+        "mean monitor.metric=val/loss?",
     ),
     (["data.split_seed=abc"], "data.split_seed='abc' is invalid"),
     (["data.batch_size=100000"], "data.batch_size=100000 is larger than the 1258 training samples"),

@@ -96,7 +96,7 @@ def test_checkpoints_are_folders_that_check_out_resume_and_become_one_file(
 def test_a_preempted_run_resumes_from_its_sharded_checkpoint_bit_identical(train_cfg, tmp_path: Path) -> None:
     """SIGTERM after step 7 (mid second epoch): saved as a folder; the rerun restores weights, optimizer
     states, loop position and the data order from it and ends with an uninterrupted run's weights."""
-    exact = [*TINY, *SHARDED, "callbacks.preemption.check_every_n_steps=1"]
+    exact = [*TINY, *SHARDED, "callbacks.exact_resume.check_every_n_steps=1"]
     assert_resumes_exactly(train_cfg, tmp_path, exact, at=6, steps=10)
 
 
@@ -211,7 +211,7 @@ def test_two_ranks_preempted_resume_from_their_shards_bit_identical(tmp_path: Pa
     the weights equal an uninterrupted plain (one-file) DDP run's: the sharded saves before and after the
     resume hold the very weights."""
     sharded_ddp = "trainer.strategy._target_=lightspeed.resilience.sharded.DDPStrategy"
-    common = ["trainer=ddp_cpu", *TINY, "callbacks.preemption.check_every_n_steps=1"]
+    common = ["trainer=ddp_cpu", *TINY, "callbacks.exact_resume.check_every_n_steps=1"]
     fault = ["+callbacks.fault._target_=probes.Fault", "+callbacks.fault.kind=sigterm"]
 
     def run(name: str, *overrides: str) -> subprocess.CompletedProcess[str]:

@@ -31,7 +31,7 @@ QUIET = [  # a short run that prints little and saves at the step after a signal
     "trainer.enable_progress_bar=false",
     "print_config=false",
     "curves=false",
-    "callbacks.preemption.check_every_n_steps=1",
+    "callbacks.exact_resume.check_every_n_steps=1",
 ]
 RUN = ["trainer=ddp_cpu", *QUIET]
 PAUSE = ["+callbacks.pause._target_=probes.Pause", "+callbacks.pause.seconds=0.5"]

@@ -396,8 +396,9 @@ def test_empty_per_batch_hooks_are_not_called_and_implemented_ones_are(train_cfg
     }
     assert counter.zero_grads == steps and calls["[Callback]Counter.on_before_zero_grad"] == steps
     assert calls["[Callback]Counter.on_train_batch_start"] == steps  # LearningRateMonitor's own
-    assert calls["[Callback]RunGuard.on_train_batch_end"] == steps  # the guards' parts: one call a step
-    assert "[Callback]RunGuard.on_before_optimizer_step" not in calls  # nonfinite action=stop: unused
+    assert calls["[Callback]ExactResume.on_train_batch_end"] == steps  # preemption's check
+    assert calls["[Callback]NonFiniteGuard.on_train_batch_end"] == steps
+    assert "[Callback]NonFiniteGuard.on_before_optimizer_step" not in calls  # action=stop: unused
     for hook in ("on_before_backward", "on_after_backward"):  # no configured callback does one
         assert not any(
             k.startswith("[Callback]") and k.endswith(f".{hook}") and "Counter" not in k for k in calls

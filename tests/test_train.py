@@ -244,17 +244,20 @@ def test_logger_options(train_cfg, run_dir: Path, logger: str, artifact: str | N
         assert (run / artifact).is_file()
 
 
-def test_a_default_run_has_six_callbacks_and_prints_the_model_summary_once(train_cfg, caplog) -> None:
-    """Lightning dispatches every hook to every callback: the engine's own parts are one RunGuard, and the
-    speed report prints the model summary that a ModelSummary callback would."""
+def test_a_default_run_has_the_callbacks_conf_lists_and_prints_the_model_summary_once(
+    train_cfg, caplog
+) -> None:
+    """Each callback is what conf/callbacks/default.yaml lists, in its order (Lightning puts checkpoints
+    last), no dispatcher; the speed report prints the model summary that a ModelSummary callback would."""
     result = train(train_cfg(*LIMIT, "curves=false"))
     names = [type(cb).__name__ for cb in result.trainer.callbacks]
     assert names == [
-        "RunGuard",
         "EarlyStopping",
         "ProgressBar",
         "LearningRateMonitor",
         "SpeedReport",
+        "NonFiniteGuard",
+        "ExactResume",
         "ModelCheckpoint",
     ]
     assert caplog.text.count("Total params") == 1 and "net.features" in caplog.text  # 2 layers deep
@@ -265,14 +268,22 @@ def test_a_default_run_has_six_callbacks_and_prints_the_model_summary_once(train
 
 def test_callbacks_none_keeps_what_nothing_lost_needs(train_cfg, run_dir: Path) -> None:
     """callbacks=none drops the optional callbacks, not the run's checkpoints where resume=auto looks,
-    preemption or the non-finite guard."""
+    the non-finite guard or ExactResume (preemption, per-rank seeds, the run's identity)."""
     result = train(train_cfg("callbacks=none", *LIMIT, "trainer.enable_progress_bar=false"))
     names = {type(cb).__name__ for cb in result.trainer.callbacks}
-    assert names == {"RunGuard", "ModelCheckpoint"}  # no bar (switched off) nor early stopping
-    (guard,) = [cb for cb in result.trainer.callbacks if type(cb).__name__ == "RunGuard"]
-    parts = [type(p).__name__ for p in guard.parts]
-    assert parts == ["MonitorCheck", "NonFiniteGuard", "Preemption", "RankSeed", "ExactResume", "RunIdentity"]
+    assert names == {"NonFiniteGuard", "ExactResume", "ModelCheckpoint"}  # no bar (switched off) nor stopping
+    (resume,) = [cb for cb in result.trainer.callbacks if type(cb).__name__ == "ExactResume"]
+    assert resume.ident is not None and resume.signals  # the run's identity given; SIGTERM/SIGUSR1 caught
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["last.ckpt"]
+
+
+def test_a_monitor_no_callback_watches_and_nothing_logs_leaves_the_run_without_a_score(train_cfg) -> None:
+    """callbacks=none: no callback reads the monitor, so nothing refuses it; the run's score (what sweeps
+    optimise) is missing, and the run says so instead of returning None silently."""
+    cfg = train_cfg("callbacks=none", *LIMIT, "monitor.metric=val/never", "monitor.mode=min")
+    with pytest.warns(UserWarning, match=r"monitor.metric=val/never was never logged: the run has no score"):
+        result = train(cfg)
+    assert result.score is None and "val/loss" in result.metrics
 
 
 def test_profiler_debug_option_writes_a_report(train_cfg, run_dir: Path) -> None:

@@ -163,7 +163,7 @@ def test_exact_resume_keeps_metrics_whose_state_is_a_list(train_cfg) -> None:
     import lightning as L
     from torchmetrics import CatMetric
 
-    from lightspeed.callbacks import ExactResume
+    from lightspeed.resilience.exact_resume import MetricState
 
     class Holder(L.LightningModule):
         def __init__(self) -> None:
@@ -186,8 +186,8 @@ def test_exact_resume_keeps_metrics_whose_state_is_a_list(train_cfg) -> None:
         train_dataloader=SimpleNamespace(state_dict=dict),
     )
     checkpoint: dict = {}
-    ExactResume().on_save_checkpoint(trainer, saved, checkpoint)
-    callback = ExactResume()
+    MetricState().on_save_checkpoint(trainer, saved, checkpoint)
+    callback = MetricState()
     callback.on_load_checkpoint(trainer, restored, checkpoint)
     callback.on_train_start(trainer, restored)
     assert restored.seen.compute().tolist() == [1.0, 2.0, 3.0]

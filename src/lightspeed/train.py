@@ -16,7 +16,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.compat.trainer import (
@@ -246,6 +246,9 @@ class Run:
         score = metrics.get(name) if name else None
         if name and getattr(ckpt, "monitor", None) == name and ckpt.best_model_score is not None:
             score = float(ckpt.best_model_score)
+        if name and score is None:  # no callback watched it (callbacks=none): the run has no score
+            logged = ", ".join(sorted(metrics)) or "nothing"
+            rank_zero_warn(f"monitor.metric={name} was never logged: the run has no score (logged: {logged})")
         summary.report("Lightspeed: training finished", run_dir, facts, metrics)
         return TrainResult(trainer, model, score, metrics, best)
 

@@ -189,7 +189,7 @@ SCHEMA: dict[str, Key] = {
     "callbacks.nonfinite.action": Key(*_one_of("stop", "skip")),
     "callbacks.nonfinite.check_every_n_steps": Key(*_int_at_least(1), identity=False),
     "callbacks.nonfinite.max_consecutive_skips": Key(*_int_at_least(1)),
-    "callbacks.preemption.check_every_n_steps": Key(*_int_at_least(1)),
+    "callbacks.exact_resume.check_every_n_steps": Key(*_int_at_least(1)),
     "callbacks.model_checkpoint.last_every_s": Key(
         lambda v: is_number(v) and v >= 0, "seconds >= 0 (0: at every epoch end)", identity=False
     ),
@@ -231,7 +231,7 @@ SCHEMA: dict[str, Key] = {
         ),
         "a size like 64MB (KB, MB or GB), or a number of bytes > 0",
     ),
-    "callbacks.preemption.signals": Key(
+    "callbacks.exact_resume.signals": Key(
         lambda v: isinstance(v, Sequence) and all(s in _SIGNALS for s in v),
         "a list of " + ", ".join(_SIGNALS),
     ),
@@ -251,7 +251,7 @@ SCHEMA: dict[str, Key] = {
     "callbacks.model_summary": Key(identity=False),
     "callbacks.speed_report": Key(identity=False),
     "callbacks.lr_monitor": Key(identity=False),
-    "callbacks.preemption": Key(identity=False),
+    "callbacks.exact_resume": Key(identity=False),
     "callbacks.model_checkpoint.every_n_train_steps": Key(identity=False),
     "trainer.fast_dev_run": Key(added=False),
     "trainer.enable_checkpointing": Key(added=True),
@@ -261,6 +261,9 @@ SCHEMA: dict[str, Key] = {
     "callbacks.model_summary.max_depth": Key(
         retired="is now callbacks.speed_report.summary_depth: the speed report prints the model summary "
         "(0: none)"
+    ),
+    "callbacks.preemption": Key(
+        retired="is now part of callbacks.exact_resume (its signals and check_every_n_steps): set them there"
     ),
     "allowed_targets": Key(
         retired="is no longer needed: the command line and conf/ may name any class; remove it "

@@ -73,8 +73,8 @@ def save_synced(obj: Any, path: Path) -> None:
 
 def migrate(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """An earlier Lightspeed's checkpoint in today's layout, so that a run resumes across an upgrade. Before
-    0.2 each rank's random states were `callbacks["RankSeed"]`, which no callback claims since the engine's
-    parts are one (`lightspeed.resilience.guard`), and Lightning warns about."""
+    0.2 each rank's random states were `callbacks["RankSeed"]`, which no callback claims since
+    (`ExactResume` keeps them), and Lightning warns about."""
     callbacks = checkpoint.get("callbacks")
     if isinstance(callbacks, dict) and "RankSeed" in callbacks:
         checkpoint.setdefault(RANK_RNG_KEY, callbacks.pop("RankSeed"))

@@ -1,7 +1,9 @@
-"""What an exact resume needs of any LightningModule, kept out of the module itself."""
+"""ExactResume: a run stopped by a preemption signal, a crash or Ctrl-C continues exactly where it stopped,
+whatever the LightningModule, which knows nothing of it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -11,13 +13,15 @@ from torchmetrics import Metric
 
 from lightspeed.compat.trainer import batches_done_in_epoch, mark_updated
 from lightspeed.core.config import ConfigError
-from lightspeed.resilience.rank_seed import gather
+from lightspeed.resilience.identity import RunIdentity
+from lightspeed.resilience.preemption import Preemption
+from lightspeed.resilience.rank_seed import RankSeed, gather
 
 # the attribute that holds a schedule's length, for the schedules whose length is fixed when made
 _LENGTH = ("total_steps", "T_max")
 
 
-class ExactResume(L.Callback):
+class MetricState(L.Callback):
     """Saves with every checkpoint, and restores when training starts, every torchmetrics `Metric` the module
     holds on every rank (so a run resumed mid-epoch reports the epoch's metrics over all its batches) and the
     latest `train/*` and `val/*` figures (reported where the resumed run does not measure them again).
@@ -25,14 +29,15 @@ class ExactResume(L.Callback):
     keep the old length)."""
 
     def __init__(self) -> None:
-        self._pending: dict[str, Any] | None = None  # metric states restored, not yet applied
+        self._metric_pending: dict[str, Any] | None = None  # metric states restored, not yet applied
         self._latest: dict[str, float] = {}  # the checkpoint's figures, until measured again
         self._schedules: list[int | None] = []  # the checkpoint's schedule lengths
         self._legacy = False  # the checkpoint keeps the epoch's accuracy the old way
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
-        if self._pending is not None:  # saved right after a restore, before on_train_start applied it
-            checkpoint["metric_state"] = self._pending
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._metric_pending is not None:  # saved right after a restore, before on_train_start applied it
+            checkpoint["metric_state"] = self._metric_pending
         else:
             cpu = torch.device("cpu")
             mine = {
@@ -45,7 +50,8 @@ class ExactResume(L.Callback):
         checkpoint["metrics"] = dict(self._latest)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
-        self._pending = checkpoint.get("metric_state")
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        self._metric_pending = checkpoint.get("metric_state")
         self._legacy = "metric_state" not in checkpoint and "train_acc" in checkpoint  # Lightspeed < 12-2026
         self._latest = dict(checkpoint.get("metrics", {}))
         self._schedules = [_length(s) for s in checkpoint.get("lr_schedulers") or []]
@@ -54,6 +60,7 @@ class ExactResume(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The schedules are made (configure_optimizers) and not yet restored: compare their lengths."""
+        super().on_fit_start(trainer, pl_module)
         made = [_length(config.scheduler.state_dict()) for config in trainer.lr_scheduler_configs]
         for restored, length in zip(self._schedules, made, strict=False):
             if None not in (restored, length) and restored != length:
@@ -67,6 +74,7 @@ class ExactResume(L.Callback):
     # radon C: three mid-epoch cases warned about, then the metrics restored
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Lightning skips on_train_epoch_start when it resumes mid-epoch: restore here."""
+        super().on_train_start(trainer, pl_module)
         done, total = batches_done_in_epoch(trainer), trainer.num_training_batches
         mid_epoch = 0 < done < total
         if mid_epoch and not hasattr(trainer.train_dataloader, "state_dict"):
@@ -83,7 +91,7 @@ class ExactResume(L.Callback):
                 "samples the run had left (resume from an epoch-end checkpoint, or keep the batch size)"
             )
         self._batch_size = None
-        restored, self._pending = self._pending, None
+        restored, self._metric_pending = self._metric_pending, None
         if self._legacy and mid_epoch:
             rank_zero_info("the epoch's metrics restart: the checkpoint is from an earlier Lightspeed")
         self._legacy = False
@@ -102,6 +110,24 @@ class ExactResume(L.Callback):
                 for key, value in _moved(mine["state"], pl_module.device).items():
                     setattr(metric, key, value)
                 mark_updated(metric)
+
+
+class ExactResume(MetricState, Preemption, RankSeed, RunIdentity):
+    """What lets a rerun of the same command continue this run exactly (docs/resilience.md), one callback:
+    - each checkpoint holds the run's identity (auto-resume takes only this run's), every rank's random
+      states (`seed + rank` from fit start: dropout and augmentation differ between ranks) and the epoch's
+      metric states (`RunIdentity`, `RankSeed`, `MetricState`);
+    - a preemption signal saves `last.ckpt` at the next optimizer step and exits 128 + the signal
+      (`Preemption`: `signals`, and under DDP the ranks agree every `check_every_n_steps` steps).
+    Each part is a callback of its own too; every hook here calls each part's in that order."""
+
+    def __init__(
+        self, seed: int = 0, signals: Sequence[str] = ("SIGTERM", "SIGUSR1"), check_every_n_steps: int = 10
+    ) -> None:
+        MetricState.__init__(self)
+        Preemption.__init__(self, signals, check_every_n_steps)
+        RankSeed.__init__(self, seed)
+        RunIdentity.__init__(self)
 
 
 def _metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:

@@ -179,29 +179,43 @@ class RunIdentity(L.Callback):
     model node that rebuilds the module (`MODEL_CONFIG_KEY`). Hyperparameters that are not plain data (a
     net or a `functools.partial` that Hydra built) are left out: every checkpoint loads with weights_only."""
 
-    def __init__(
+    def __init__(self) -> None:
+        self.ident: dict[str, Any] | None = None  # none given: the checkpoints are not labelled
+        self.data: dict[str, Any] | None = None
+        self.from_data: list[str] | None = None
+        self.model: dict[str, Any] | None = None
+
+    def identify(
         self,
         ident: dict[str, Any],
         data: dict[str, Any] | None = None,
         from_data: list[str] | None = None,
         model: dict[str, Any] | None = None,
     ) -> None:
-        self.ident = ident
-        self.data = data
-        self.from_data = from_data
-        self.model = model
+        """The run's facts, known once its model is built: its identity, data node, the model's arguments
+        from the data and the model node."""
+        self.ident, self.data, self.from_data, self.model = ident, data, from_data, model
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
         # the run's own folder only: a new run (another run_name) may fine-tune on changed data
         path = trainer.ckpt_path
-        if path and Path(path).resolve().is_relative_to(Path(trainer.default_root_dir).resolve()):
+        if (
+            self.ident is not None
+            and path
+            and Path(path).resolve().is_relative_to(Path(trainer.default_root_dir).resolve())
+        ):
             check_same_samples(checkpoint, self.ident, trainer.datamodule, "this run's checkpoint")
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        keep_plain_hyperparameters(checkpoint)
+        if self.ident is None:
+            return
         checkpoint["identity"] = {"digest": digest(self.ident), "config": self.ident}
         if self.data is not None:
             checkpoint[DATA_CONFIG_KEY] = self.data
@@ -209,7 +223,6 @@ class RunIdentity(L.Callback):
             checkpoint[FROM_DATA_KEY] = list(self.from_data)
         if self.model is not None:
             checkpoint[MODEL_CONFIG_KEY] = self.model
-        keep_plain_hyperparameters(checkpoint)
         ids = getattr(trainer.datamodule, "sample_ids", None)
         if isinstance(ids, dict) and ids.get("train") is not None:
             checkpoint[TRAIN_SAMPLES_KEY] = ids["train"]

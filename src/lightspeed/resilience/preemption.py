@@ -43,6 +43,7 @@ class Preemption(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Installed after Lightning's own SIGTERM handler (registered after `on_fit_start`), replacing it;
         Lightning puts back the handlers from before fit when it tears down."""
+        super().on_train_start(trainer, pl_module)
         if threading.current_thread() is not threading.main_thread():
             return
         # a SIGTERM during set-up or the sanity check reached Lightning's handler: honour it here
@@ -51,15 +52,18 @@ class Preemption(L.Callback):
             self._previous[signum] = signal.signal(signum, self._record)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
         for signum, previous in self._previous.items():
             if signal.getsignal(signum) == self._record:
                 signal.signal(signum, previous)
         self._previous = {}
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        super().on_train_batch_start(trainer, *args)
         self._step_at_start = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        super().on_train_batch_end(trainer, *args)
         step = trainer.global_step
         if step == self._step_at_start:
             return  # accumulating gradients: only whole optimizer steps are saved
@@ -81,6 +85,7 @@ class Preemption(L.Callback):
         self._save_and_stop(trainer, received)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
         if self._agreed:  # that was the last epoch's last step: what is left is testing
             self._save_and_stop(trainer, self._agreed)
 

@@ -29,14 +29,15 @@ class RankSeed(L.Callback):
     iterator is made, and for a mid-epoch resume again in `on_train_start`, before the first batch is
     augmented (Lightning skips `on_train_epoch_start` mid-epoch)."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self.seed = seed
-        self._pending: dict[str, Any] | None = None
+        self._rng_pending: dict[str, Any] | None = None
         self._started = False
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
         self._started = True
-        if self._pending is not None:  # restored: the states the checkpoint was saved with
+        if self._rng_pending is not None:  # restored: the states the checkpoint was saved with
             self._restore(trainer)
         elif trainer.world_size > 1:
             self._reseed(trainer)
@@ -49,29 +50,32 @@ class RankSeed(L.Callback):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
         """Every rank's states (a collective: Lightning builds checkpoints on all ranks at once)."""
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
         checkpoint[KEY] = {"ranks": gather(capture())}
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
-        self._pending = checkpoint.get(KEY)
-        if self._started and self._pending is not None:  # a strategy that restores after fit starts
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        self._rng_pending = checkpoint.get(KEY)
+        if self._started and self._rng_pending is not None:  # a strategy that restores after fit starts
             self._restore(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Restored at fit start, the states drew the training loader's iterator, made before this hook, as
         an uninterrupted run draws its next epoch's (a plain shuffled DataLoader draws its order). Mid-epoch,
         the uninterrupted run's iterator was made long before the checkpoint: the states again."""
-        if self._pending is not None and restarted_mid_epoch(trainer):
+        super().on_train_start(trainer, pl_module)
+        if self._rng_pending is not None and restarted_mid_epoch(trainer):
             self._restore(trainer)
-        self._pending = None
+        self._rng_pending = None
 
     def _restore(self, trainer: L.Trainer) -> None:
-        ranks = self._pending["ranks"] if self._pending is not None else []
+        ranks = self._rng_pending["ranks"] if self._rng_pending is not None else []
         if len(ranks) != trainer.world_size:
             rank_zero_warn(
                 f"the checkpoint holds random states for {len(ranks)} processes, this run has "
                 f"{trainer.world_size}: continuing with fresh seeds (the run is no longer bit-exact)"
             )
-            self._pending = None
+            self._rng_pending = None
             self._reseed(trainer)  # a stream of each rank's own, as a run that starts
             return
         restore(ranks[trainer.global_rank])

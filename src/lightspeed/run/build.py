@@ -29,13 +29,8 @@ from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.exact_resume import ExactResume
-from lightspeed.resilience.guard import RunGuard
-from lightspeed.resilience.identity import RunIdentity
 from lightspeed.resilience.nonfinite import NonFiniteGuard
-from lightspeed.resilience.preemption import Preemption
-from lightspeed.resilience.rank_seed import RankSeed
 from lightspeed.run import monitor
-from lightspeed.run.monitor import MonitorCheck, uses, watching
 from lightspeed.speed.accel import LOADER_KNOBS
 
 #: What a TypeError says when a config's keys do not fit a constructor's arguments.
@@ -316,7 +311,7 @@ def loggers(cfg: DictConfig) -> list[Logger]:
     return _group(cfg.get("logger"), "logger")
 
 
-# radon C: eval returns early; drops idle callbacks; default guards
+# radon C: eval returns early; drops idle callbacks; the guards every run keeps
 def callbacks(
     cfg: DictConfig,
     has_logger: bool,
@@ -324,10 +319,11 @@ def callbacks(
     from_data: Sequence[str] = (),
     model: DictConfig | None = None,
 ) -> list[Callback]:
-    """The configured callbacks, plus what every training run needs whatever `callbacks=` says: its
-    checkpoints where `resume=auto` looks (unless `trainer.enable_checkpointing=false`), and one RunGuard:
-    the monitor check, the non-finite guard, preemption, per-rank seeds, exact resume and the run's
-    identity in each checkpoint (`ident`, taken from the config as composed, before `accel` resolved it)."""
+    """The callbacks the config lists (conf/callbacks), with what every training run keeps whatever
+    `callbacks=` says, added where a callbacks group of the user's own leaves it out: checkpoints where
+    `resume=auto` looks (unless `trainer.enable_checkpointing=false`), the non-finite guard and ExactResume,
+    which is given the run's identity (`ident`, taken from the config as composed, before `accel` resolved
+    it), its data node, the model's arguments from the data and the model node, for each checkpoint."""
     found: list[Callback] = _group(cfg.get("callbacks"), "callbacks")
     if "seed" not in cfg:  # eval
         return found
@@ -338,20 +334,15 @@ def callbacks(
         )
     if cfg.trainer.get("limit_val_batches") == 0:
         found = _without(found, EarlyStopping, "trainer.limit_val_batches=0: no validation, so EarlyStopping")
-    # the guards as configured (callbacks.nonfinite, callbacks.preemption), else as their defaults
-    nonfinite = [cb for cb in found if isinstance(cb, NonFiniteGuard)] or [NonFiniteGuard()]
-    preemption = [cb for cb in found if isinstance(cb, Preemption)] or [Preemption()]
+    for kind, default in ((NonFiniteGuard, NonFiniteGuard), (ExactResume, lambda: ExactResume(cfg.seed))):
+        if not any(isinstance(cb, kind) for cb in found):
+            found.append(default())
     data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
-    guard = RunGuard(
-        MonitorCheck(cfg.monitor.metric, cfg.monitor.mode, uses(cfg), bool(watching(cfg))),
-        *nonfinite,
-        *preemption,
-        RankSeed(cfg.seed),
-        ExactResume(),
-        RunIdentity(ident or identity.of(cfg), data, list(from_data), plain_config(model) if model else None),
-    )
-    # first: its monitor check runs before the callbacks that read the monitor
-    return [guard, *_without(found, (NonFiniteGuard, Preemption))]
+    for resume_ in (cb for cb in found if isinstance(cb, ExactResume)):
+        resume_.identify(
+            ident or identity.of(cfg), data, list(from_data), plain_config(model) if model else None
+        )
+    return found
 
 
 def _with_checkpoints(found: list[Callback], cfg: DictConfig) -> list[Callback]:

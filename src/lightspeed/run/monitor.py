@@ -9,7 +9,6 @@ import re
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -105,49 +104,34 @@ def consumers(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def watching(cfg: DictConfig) -> list[str]:
-    return [key for key, node in consumers(cfg).items() if node.monitor is not None]
+class ChecksMonitor:
+    """For EarlyStopping and ModelCheckpoint: their monitor, checked once there is something logged to find it
+    in (after the sanity check; a training metric, or a module without a validation_step, at the first
+    epoch's end), before the callback reads it: one line naming monitor.metric and what the module logs.
+    Lightning's own checks come at the first save, an epoch in, as a traceback, or not at all."""
 
-
-def uses(cfg: DictConfig) -> str:
-    """Who reads the monitor, for messages."""
-    return ", ".join([*watching(cfg), "the run's score (sweeps)"])
-
-
-class MonitorCheck(L.Callback):
-    """Refuses, in one line, a monitor naming no metric the model logs: after the sanity check, else at the
-    first validation. Lightning would say so only at its first save, an epoch in, with a traceback."""
-
-    def __init__(self, metric: str, mode: str, used_by: str, refuse: bool = True) -> None:
-        """`refuse`: a callback watches it (else only the run's score does: a warning suffices)."""
-        self.metric, self.mode, self.used_by, self.refuse = metric, mode, used_by, refuse
-        self._warned = False
+    monitor: str | None
+    mode: str
 
     def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._check(trainer)
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self._check(trainer)
+        if self.monitor and not self.monitor.startswith("train"):
+            self._check_logged(trainer)
+        super().on_sanity_check_end(trainer, pl_module)  # type: ignore[misc]
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A module without a validation_step is judged on what it logs in training: checked at the first
-        epoch's end, before the callbacks that read it (Lightning's EarlyStopping raised a traceback)."""
-        if not is_overridden("validation_step", pl_module) and not self._warned:
-            self._check(trainer, training=True)
+        if self.monitor and (
+            self.monitor.startswith("train") or not is_overridden("validation_step", pl_module)
+        ):
+            self._check_logged(trainer)
+        super().on_train_epoch_end(trainer, pl_module)  # type: ignore[misc]
 
-    def _check(self, trainer: L.Trainer, training: bool = False) -> None:
+    def _check_logged(self, trainer: L.Trainer) -> None:
         logged = sorted({*trainer.callback_metrics, "epoch", "step"})  # Lightning adds the last two
-        if self.metric in logged or (self.metric.startswith("train") and not training):  # checked in training
+        if self.monitor in logged:
             return
-        close = difflib.get_close_matches(self.metric, logged, n=1)
+        close = difflib.get_close_matches(str(self.monitor), logged, n=1)
         hint = f"did you mean monitor.metric={close[0]}? " if close else ""
-        line = (
-            f"monitor.metric={self.metric} (mode {self.mode}, used by {self.used_by}) is not a metric the "
-            f"model logs: {hint}(it logs {', '.join(logged)})"
+        raise ConfigError(
+            f"monitor.metric={self.monitor} (mode {self.mode}, used by {type(self).__name__}) is not a "
+            f"metric the model logs: {hint}(it logs {', '.join(logged)})"
         )
-        if self.refuse:
-            raise ConfigError(line)
-        if not self._warned:
-            self._warned = True
-            rank_zero_warn(f"{line}; the run will have no score")
