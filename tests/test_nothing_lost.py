@@ -622,6 +622,14 @@ def test_the_model_summary_s_old_key_names_the_speed_report_s_and_a_user_s_own_s
     check_known_keys(train_cfg(own), "train")
 
 
+def test_the_preemption_keys_name_exact_resume_s(tmp_path: Path) -> None:
+    """Preemption is a part of ExactResume since issue 47: the old node and any key under it, as the SLURM
+    scripts and docs of an earlier release write them, are one line naming callbacks.exact_resume."""
+    for old in ("callbacks.preemption.check_every_n_steps=1", "callbacks.preemption=null"):
+        with pytest.raises(ConfigError, match=r"^callbacks.preemption\S* *.*callbacks.exact_resume"):
+            command_line([old], tmp_path)
+
+
 # 6. A full disk
 
 

@@ -344,7 +344,8 @@ def check_retired(cfg: DictConfig) -> None:
 # radon C: retired, elsewhere, close, list
 def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
     """One line for a key that is not in the config: what replaced it, or the closest of its siblings."""
-    retired = next((k for k in RETIRED if k == key or k.startswith(f"{key}.")), None)  # or a key under it
+    # the key, a key under it, or the retired node it is under
+    retired = next((k for k in RETIRED if f"{key}.".startswith(f"{k}.") or k.startswith(f"{key}.")), None)
     if retired:
         return f"{retired} {RETIRED[retired]}" if retired == key else f"{key}: {retired} {RETIRED[retired]}"
     parent, _, leaf = key.rpartition(".")

@@ -30,7 +30,6 @@ from lightspeed.resilience import identity, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.exact_resume import ExactResume
 from lightspeed.resilience.nonfinite import NonFiniteGuard
-from lightspeed.run import monitor
 from lightspeed.speed.accel import LOADER_KNOBS
 
 #: What a TypeError says when a config's keys do not fit a constructor's arguments.
@@ -369,12 +368,10 @@ def trainer(
     from_data: Sequence[str] = (),
     model: DictConfig | None = None,
 ) -> L.Trainer:
-    """The Trainer with its loggers, callbacks and plugins; `ident`: the run's identity (as composed, before
-    the monitor settles); `from_data`: the model's arguments taken from the data; `model`: the node that
-    built the module (`model_node`'s); both kept in checkpoints."""
-    if "seed" in cfg:  # train: the model's own monitor into the config, if train() has not yet
-        ident = ident or identity.of(cfg)
-        monitor.settle(cfg)
+    """The Trainer with its loggers, callbacks and plugins, for a config whose monitor is settled
+    (`monitor.settle`, done once by the caller); `ident`: the run's identity (as composed, before the monitor
+    settled); `from_data`: the model's arguments taken from the data; `model`: the node that built the module
+    (`model_node`'s); both kept in checkpoints."""
     loggers_ = loggers(cfg)
     if cfg.get("curves", False):  # train: the run's picture, from what the loggers are given
         loggers_.append(CurvesLogger(cfg.paths.output_dir, cfg.monitor.metric))
