@@ -72,12 +72,7 @@ class RankProbe(L.Callback):
             ),
             "loader": type(trainer.train_dataloader).__name__,
             "identity": next(  # the run identity this rank computed from its own command line
-                (
-                    digest(p.ident)
-                    for cb in trainer.callbacks
-                    for p in getattr(cb, "parts", ())
-                    if isinstance(p, RunIdentity)
-                ),
+                (digest(cb.ident) for cb in trainer.callbacks if isinstance(cb, RunIdentity) and cb.ident),
                 None,
             ),
         }
