@@ -15,11 +15,11 @@ import yaml
 
 import lht_style
 from conftest import QUIET, TINY
-from lightspeed.core import config
 from lightspeed.core.config import ConfigError
 from lightspeed.eval import run as evaluate
 from lightspeed.export import run as export
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
+from lightspeed.run import restore
 from lightspeed.run.entry import compose_config
 from lightspeed.train import train
 
@@ -33,7 +33,7 @@ def project(tmp_path: Path, monkeypatch) -> list[str]:
     for group, text in (("model", lht_style.MODEL_YAML), ("data", lht_style.DATA_YAML)):
         (conf / group).mkdir(parents=True)
         (conf / group / "lht.yaml").write_text(text)
-    monkeypatch.setattr(config, "CONF_DIRS", (*config.CONF_DIRS, conf))  # what a checkpoint may name
+    monkeypatch.setattr(restore, "CONF_DIRS", (*restore.CONF_DIRS, conf))  # what a checkpoint may name
     return [f"paths.data_dir={tmp_path / 'data'}", f"hydra.searchpath=[pkg://lightspeed.conf,file://{conf}]"]
 
 

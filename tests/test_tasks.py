@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from conftest import TINY
-from lightspeed.core.config import ConfigError, _repository_class, user_packages
+from lightspeed.core.config import ConfigError
 from lightspeed.eval import run as evaluate
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
+from lightspeed.run.restore import _repository_class, user_packages
 from lightspeed.train import train
 
 QUIET = [o for o in TINY if "batches" not in o and "max_epochs" not in o]

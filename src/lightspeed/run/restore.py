@@ -13,12 +13,82 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lightspeed import CONF_DIRS
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, check_checkpoint_path, check_data_targets, locate
+from lightspeed.core.config import ConfigError, check_checkpoint_path, locate, plain
 from lightspeed.core.files import read_json
 from lightspeed.resilience import checkpoint
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
 from lightspeed.run import build
+
+# The trust boundary (docs/resilience.md): the command line and conf/ are code the user runs; data (a
+# checkpoint from elsewhere) never chooses what code runs: it may name only a class that conf/ names.
+
+
+def conf_targets() -> frozenset[str]:
+    """Every class named by `_target_` in the project's `conf/` or the engine's groups (exact names, block or
+    flow style): what data (a checkpoint) may name beside the repository's own models and data sets."""
+    import yaml
+
+    found: set[str] = set()
+    for path in (p for d in CONF_DIRS for p in d.rglob("*.yaml")):
+        try:
+            tree = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            continue
+        found |= {t for _, t in _targets(tree, "") if isinstance(t, str) and not t.startswith("${")}
+    return frozenset(found)
+
+
+def user_packages(targets: frozenset[str]) -> tuple[str, ...]:
+    """The `<package>.models.` and `<package>.data.` prefixes of the user's part: this repository's own
+    (lightspeed) and that of each package whose models or data sets conf/ names (a project's own)."""
+    found = {"lightspeed"} | {t.split(".")[0] for t in targets if re.match(r"\w+\.(models|data)\.", t)}
+    return tuple(f"{package}.{part}." for package in sorted(found) for part in ("models", "data"))
+
+
+def _repository_class(target: str, prefixes: tuple[str, ...]) -> bool:
+    """A class of the user's own `models/` or `data/` (`prefixes`: an nn.Module, a LightningModule or a
+    LightningDataModule defined there), which data may name too."""
+    import lightning as L
+
+    if not target.startswith(prefixes):
+        return False
+    try:
+        found = locate(target)
+    except Exception:
+        return False
+    home = f"{getattr(found, '__module__', '') or ''}."
+    return (
+        isinstance(found, type)
+        and home.startswith(prefixes)
+        and issubclass(found, (torch.nn.Module, L.LightningDataModule))
+    )
+
+
+def check_data_targets(node: Any, where: str, command_line: str = "") -> None:
+    """Refuse, in one line, a `_target_` in data (`where`: a checkpoint's config or hyperparameters) that no
+    conf/ yaml names, nor the `command_line` of the run that wrote it, and that is no model, net or data set
+    of the repository's own `models/` and `data/`."""
+    known = conf_targets() | set(re.findall(r"_target_['\"]?\s*[=:]\s*['\"]?([\w.]+)", command_line))
+    prefixes = user_packages(known)
+    for key, target in _targets(plain(node), ""):
+        if not isinstance(target, str) or not (target in known or _repository_class(target, prefixes)):
+            raise ConfigError(
+                f"{where} names {key}._target_={target}, a class that no yaml file of conf/ names: data "
+                "cannot choose what code runs; name it in conf/ (a conf/model/ or conf/data/ option), or on "
+                "the command line (module=...), if you trust it"
+            )
+
+
+def _targets(node: Any, path: str) -> list[tuple[str, Any]]:
+    """(the node's dotted path, the value) of every `_target_` in a container."""
+    has = isinstance(node, dict) and "_target_" in node
+    found: list[tuple[str, Any]] = [(path.rstrip(".") or "<root>", node["_target_"])] if has else []
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in children:
+        found += _targets(value, f"{path}{key}.")
+    return found
 
 
 # radon C: path, or newest run's best (moved ok)

@@ -8,7 +8,7 @@ Or any `nn.Module` class, or function making one, by import path, as Hydra names
 `model.net._target_=mypackage.MyNet` or `timm.create_model` (its own keyword arguments beside it), yours or
 a library's, with no wrapper file. Either way the net gets what the model passes from the data
 (`input_shape`, `num_outputs`, `vocab_size`, ...) where its constructor names them. A checkpoint names its
-net: `make eval` lets a checkpoint name only classes that conf/ names (`core.config.check_data_targets`).
+net: `make eval` lets a checkpoint name only classes that conf/ names (`run.restore.check_data_targets`).
 """
 
 from __future__ import annotations
