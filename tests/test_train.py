@@ -420,7 +420,8 @@ def test_a_sweep_job_whose_ranks_slurm_started_may_be_multi_process(train_cfg, m
 
 def test_the_plan_is_decided_once_and_the_config_is_read_only_until_the_run_ends(train_cfg) -> None:
     """Run's plan (identity, monitor, the checkpoint to resume, the autos) is frozen; no step after it can
-    change `cfg` (a write raises), no `auto` is left in what it resolves; the caller's again after."""
+    change the run's config (a write raises), no `auto` is left in what it resolves; Hydra's `cfg` stays as
+    composed, the caller's to change."""
     from dataclasses import FrozenInstanceError
 
     from omegaconf import OmegaConf
@@ -436,8 +437,9 @@ def test_the_plan_is_decided_once_and_the_config_is_read_only_until_the_run_ends
         with pytest.raises(FrozenInstanceError):
             plan.resume_from = "elsewhere.ckpt"  # type: ignore[misc]
         with pytest.raises(ReadonlyConfigError):
-            cfg.trainer.max_epochs = 2
-        resolved = OmegaConf.to_container(cfg, resolve=True)
+            run.cfg.trainer.max_epochs = 2
+        assert cfg.trainer.precision == cfg.data.pin_memory == "auto" and cfg.monitor.metric is None
+        resolved = OmegaConf.to_container(run.cfg, resolve=True)
         autos = {f"{p}.{k}" for p in ("trainer", "data") for k, v in resolved[p].items() if v == "auto"}
         assert autos == {
             "trainer.accelerator",
@@ -451,6 +453,6 @@ def test_the_plan_is_decided_once_and_the_config_is_read_only_until_the_run_ends
         trainer = run.trainer()
         run.fit(trainer, model, dm)
         run.finish(trainer, model, dm)  # every step ran on the read-only config
-    cfg.trainer.max_epochs = 2  # the caller's to change again
+    assert OmegaConf.to_container(cfg) == OmegaConf.to_container(train_cfg(*args))  # untouched by the run
     with Run(train_cfg(*args)) as run:  # the same command again: its plan continues the last checkpoint
         assert run.plan.resume_from is not None and run.plan.resume_from.endswith("last.ckpt")

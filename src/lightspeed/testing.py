@@ -121,7 +121,7 @@ def trains_one_batch(
     result = train(cfg)
     assert result.trainer.global_step == 1  # fast_dev_run: one optimizer step
     assert result.best_checkpoint is None  # ... and no checkpoints
-    monitored = cfg.monitor.metric  # the task's own: what its model declares (val/acc, val/mse, ...)
+    monitored = result.monitor  # the task's own: what its model declares (val/acc, val/mse, ...)
     assert math.isfinite(result.metrics[monitored]) and result.score == result.metrics[monitored]
     tested = {k: v for k, v in result.metrics.items() if k.startswith("test/")}
     assert monitored.replace("val/", "test/", 1) in tested and all(map(math.isfinite, tested.values()))

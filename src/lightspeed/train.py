@@ -3,6 +3,7 @@ the run's one monitored metric (the best checkpoint's), so that Hydra sweepers c
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -94,15 +95,16 @@ class TrainResult:
     score: float | None  # the monitored metric's: the best checkpoint's, else the last validation's
     metrics: dict[str, float] = field(default_factory=dict)
     best_checkpoint: str | None = None
+    monitor: str | None = None  # the metric the run was judged by: the config's, else the model's own
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What a run does, decided once before anything is built, and read by every step after. The config's
-    `auto`s are resolved in `cfg` but for those that only what comes later knows, each decided there and not
+    """What a run does, decided once before anything is built, and read by every step after. Hydra's `cfg`
+    stays as composed; the run's own copy (`Run.cfg`, read-only once planned) has the config's `auto`s
+    resolved and its monitor settled, but for what only later steps know, each decided there and not
     written back: `trainer.accelerator` and `strategy` (Lightning), `data.on_device` (the DataModule, by
-    the data's size), `accel.channels_last` (the model's layers). `cfg` is read-only from then until the
-    run ends."""
+    the data's size), `accel.channels_last` (the model's layers)."""
 
     ident: dict[str, Any]  # the run's identity: its config as composed, before the autos resolved
     run_dir: Path
@@ -117,7 +119,8 @@ class Run:
     takes; each step says a bad setting in one line (ConfigError); the lock is held until the block ends."""
 
     def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
+        self.composed = cfg  # as Hydra composed it: left as it is (a sweep's next job, the caller's own use)
+        self.cfg = copy.deepcopy(cfg)  # this run's: autos resolved, monitor settled, then read-only
         self._held = ExitStack()
         self._given: dict[str, Any] = {}
         self._node: DictConfig | None = None
@@ -153,7 +156,6 @@ class Run:
                 resume_from, resumed = resume.start(cfg, ident)
         keep_hydra_files()  # started in its folder: a later one-line error does not put back the old ones
         OmegaConf.set_readonly(cfg, True)
-        self._held.callback(OmegaConf.set_readonly, cfg, None)  # the caller's again when the run ends
         accel.apply_to_torch(cfg)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         metric = (cfg.monitor.metric, cfg.monitor.mode) if "monitor" in cfg else None
@@ -250,7 +252,7 @@ class Run:
             logged = ", ".join(sorted(metrics)) or "nothing"
             rank_zero_warn(f"monitor.metric={name} was never logged: the run has no score (logged: {logged})")
         summary.report("Lightspeed: training finished", run_dir, facts, metrics)
-        return TrainResult(trainer, model, score, metrics, best)
+        return TrainResult(trainer, model, score, metrics, best, name)
 
     def _fit_metrics(self, trainer: L.Trainer, best: str | None) -> dict[str, float]:
         """The last validation's metrics (the run's, and last.ckpt's), the best checkpoint's beside them."""

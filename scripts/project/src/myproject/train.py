@@ -1,7 +1,8 @@
 """`make train [KEY=VALUE ...]` (`python -m myproject.train`): train the model conf/ names on its data,
 test the best checkpoint, print the summary. Each step is one call of the engine (lightspeed.train.Run);
-edit what you need between them (`cfg` is read-only inside the block: `run.plan` holds what was
-decided), or add callbacks of your own to CALLBACKS."""
+edit what you need between them (`cfg` stays as Hydra composed it; `run.cfg`, the run's copy with its
+autos resolved, is read-only inside the block, and `run.plan` holds what was decided), or add callbacks of
+your own to CALLBACKS."""
 
 from __future__ import annotations
 
