@@ -206,53 +206,69 @@ class Run:
         finally:  # a preempted or failed attempt's time counts too
             self._fit_s = identity.add_fit_seconds(self.plan.run_dir, time.perf_counter() - start)
 
-    # radon C: an optional test phase, on the best checkpoint or the weights in memory; each record written
     def finish(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> TrainResult:
         """The fit's figures and summary; with `test_after_fit`, the best checkpoint tested too."""
-        cfg, plan, ckpt = self.cfg, self.plan, trainer.checkpoint_callback
+        plan, ckpt = self.plan, trainer.checkpoint_callback
         # Only a monitored checkpoint is a "best" one (Lightning's default checkpoint just keeps the last).
         best = ckpt.best_model_path if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
         metrics = self._fit_metrics(trainer, best)
-        run_dir = plan.run_dir
-        progress = trainer.global_step, trainer.current_epoch
-        last = resume.checkpoint_dir(cfg) / "last.ckpt"
-        if spawned(trainer) and last.is_file():  # the children's: Lightning does not bring it back
-            progress = progress_saved(torch.load(last, map_location="cpu", weights_only=True, mmap=True))
-        facts = {
-            "run_dir": run_dir,
+        facts = self._facts(trainer, best)
+        if self.cfg.get("test_after_fit", True):
+            # The fit's summary first: a test that fails (a corrupt test image) loses nothing of the fit,
+            # and `make eval ckpt_path=latest` finds its best checkpoint.
+            summary.write(plan.run_dir, facts, metrics)
+            metrics |= self._test(trainer, model, dm, best)
+            facts["tested"] = "best checkpoint" if best else "weights in memory"
+        curves = next((lg for lg in trainer.loggers if isinstance(lg, CurvesLogger)), None)
+        facts["curves"] = curves.picture() if curves is not None else None
+        score = self._score(ckpt, metrics)
+        summary.report("Lightspeed: training finished", plan.run_dir, facts, metrics)
+        return TrainResult(trainer, model, score, metrics, best, plan.monitor[0] if plan.monitor else None)
+
+    def _facts(self, trainer: L.Trainer, best: str | None) -> dict[str, Any]:
+        """What the summary says of the fit: where, judged by what, its checkpoints, how far, how long."""
+        plan, last = self.plan, getattr(trainer.checkpoint_callback, "last_model_path", None)
+        step, epochs = trainer.global_step, trainer.current_epoch
+        last_ckpt = resume.checkpoint_dir(self.cfg) / "last.ckpt"
+        if spawned(trainer) and last_ckpt.is_file():  # the children's: Lightning does not bring them back
+            step, epochs = progress_saved(
+                torch.load(last_ckpt, map_location="cpu", weights_only=True, mmap=True)
+            )
+        return {
+            "run_dir": plan.run_dir,
             "monitor": f"{plan.monitor[0]} ({plan.monitor[1]})" if plan.monitor else None,
             "best_checkpoint": best,
-            "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,
-            "global_step": progress[0],
-            "epochs": progress[1],
+            "last_checkpoint": last or None,
+            "global_step": step,
+            "epochs": epochs,
             "fit_seconds": round(self._fit_s, 2),  # every attempt's: a resumed or rerun run adds to it
             "tested": None,
             "curves": None,
             "config": self.config,
         }
-        if cfg.get("test_after_fit", True):
-            fitted_in_children(trainer)
-            # The fit's summary first: a test that fails (a corrupt test image) loses nothing of the fit,
-            # and `make eval ckpt_path=latest` finds its best checkpoint.
-            summary.write(run_dir, facts, metrics)
-            # Without a best checkpoint (fast_dev_run, no checkpoint callback) test the weights in memory.
-            with exit_on_config_error(), exit_on_failure(cfg, trainer), stop_other_ranks_on_failure(trainer):
-                results = trainer.test(
-                    model, datamodule=dm, ckpt_path="best" if best else None, verbose=False
-                )
-            metrics.update({k: float(v) for k, v in (results[0] if results else {}).items()})
-            facts["tested"] = "best checkpoint" if best else "weights in memory"
-        curves = next((lg for lg in trainer.loggers if isinstance(lg, CurvesLogger)), None)
-        facts["curves"] = curves.picture() if curves is not None else None
-        name = plan.monitor[0] if plan.monitor else None
-        score = metrics.get(name) if name else None
-        if name and getattr(ckpt, "monitor", None) == name and ckpt.best_model_score is not None:
-            score = float(ckpt.best_model_score)
-        if name and score is None:  # no callback watched it (callbacks=none): the run has no score
+
+    def _test(
+        self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule, best: str | None
+    ) -> dict[str, float]:
+        """The test metrics of the best checkpoint; without one (fast_dev_run, no checkpoint callback), of
+        the weights in memory."""
+        fitted_in_children(trainer)
+        with exit_on_config_error(), exit_on_failure(self.cfg, trainer), stop_other_ranks_on_failure(trainer):
+            results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
+        return {k: float(v) for k, v in (results[0] if results else {}).items()}
+
+    def _score(self, ckpt: Any, metrics: dict[str, float]) -> float | None:
+        """The monitored metric's score: the best checkpoint's, else the last measured; where it was never
+        logged (no callback watched it: callbacks=none), None and a warning."""
+        if self.plan.monitor is None:
+            return None
+        name = self.plan.monitor[0]
+        if getattr(ckpt, "monitor", None) == name and ckpt.best_model_score is not None:
+            return float(ckpt.best_model_score)
+        if name not in metrics:
             logged = ", ".join(sorted(metrics)) or "nothing"
             rank_zero_warn(f"monitor.metric={name} was never logged: the run has no score (logged: {logged})")
-        summary.report("Lightspeed: training finished", run_dir, facts, metrics)
-        return TrainResult(trainer, model, score, metrics, best, name)
+        return metrics.get(name)
 
     def _fit_metrics(self, trainer: L.Trainer, best: str | None) -> dict[str, float]:
         """The last validation's metrics (the run's, and last.ckpt's), the best checkpoint's beside them."""

@@ -71,30 +71,14 @@ class MetricState(L.Callback):
                 )
         self._schedules = []
 
-    # radon C: three mid-epoch cases warned about, then the metrics restored
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Lightning skips on_train_epoch_start when it resumes mid-epoch: restore here."""
         super().on_train_start(trainer, pl_module)
         done, total = batches_done_in_epoch(trainer), trainer.num_training_batches
-        mid_epoch = 0 < done < total
-        if mid_epoch and not hasattr(trainer.train_dataloader, "state_dict"):
-            rank_zero_info(
-                f"resumed at batch {done} of {total} in epoch {trainer.current_epoch}, but the training "
-                "loader has no state_dict: the rest of the epoch replays its first batches (a loader with "
-                "state_dict/load_state_dict, e.g. torchdata's StatefulDataLoader, resumes exactly)"
-            )
-        now = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
-        if mid_epoch and None not in (self._batch_size, now) and self._batch_size != now:
-            rank_zero_warn(
-                f"resumed at batch {done} of epoch {trainer.current_epoch} with data.batch_size={now}, but "
-                f"the checkpoint counted batches of {self._batch_size}: the rest of this epoch is not the "
-                "samples the run had left (resume from an epoch-end checkpoint, or keep the batch size)"
-            )
-        self._batch_size = None
+        if 0 < done < total:
+            self._say_mid_epoch(trainer, done, total)
+        self._batch_size, self._legacy = None, False
         restored, self._metric_pending = self._metric_pending, None
-        if self._legacy and mid_epoch:
-            rank_zero_info("the epoch's metrics restart: the checkpoint is from an earlier Lightspeed")
-        self._legacy = False
         if restored is None or restored.get("epoch") != trainer.current_epoch:
             return
         if len(restored["ranks"]) != trainer.world_size:
@@ -110,6 +94,26 @@ class MetricState(L.Callback):
                 for key, value in _moved(mine["state"], pl_module.device).items():
                     setattr(metric, key, value)
                 mark_updated(metric)
+
+    def _say_mid_epoch(self, trainer: L.Trainer, done: int, total: int) -> None:
+        """What a resume at batch `done` of `total` cannot continue exactly: a loader without state_dict
+        replays the epoch, another batch size counts other samples, an earlier release's metrics restart."""
+        epoch = trainer.current_epoch
+        if not hasattr(trainer.train_dataloader, "state_dict"):
+            rank_zero_info(
+                f"resumed at batch {done} of {total} in epoch {epoch}, but the training loader has no "
+                "state_dict: the rest of the epoch replays its first batches (a loader with "
+                "state_dict/load_state_dict, e.g. torchdata's StatefulDataLoader, resumes exactly)"
+            )
+        now = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
+        if None not in (self._batch_size, now) and self._batch_size != now:
+            rank_zero_warn(
+                f"resumed at batch {done} of epoch {epoch} with data.batch_size={now}, but the checkpoint "
+                f"counted batches of {self._batch_size}: the rest of this epoch is not the samples the run "
+                "had left (resume from an epoch-end checkpoint, or keep the batch size)"
+            )
+        if self._legacy:
+            rank_zero_info("the epoch's metrics restart: the checkpoint is from an earlier Lightspeed")
 
 
 class ExactResume(MetricState, Preemption, RankSeed, RunIdentity):

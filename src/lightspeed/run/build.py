@@ -310,7 +310,6 @@ def loggers(cfg: DictConfig) -> list[Logger]:
     return _group(cfg.get("logger"), "logger")
 
 
-# radon C: eval returns early; drops idle callbacks; the guards every run keeps
 def callbacks(
     cfg: DictConfig,
     has_logger: bool,
@@ -326,21 +325,28 @@ def callbacks(
     found: list[Callback] = _group(cfg.get("callbacks"), "callbacks")
     if "seed" not in cfg:  # eval
         return found
-    found = _with_checkpoints(found, cfg)
+    found = _without_idle(_with_checkpoints(found, cfg), cfg, has_logger)
+    found += [guard for guard in (NonFiniteGuard(), ExactResume(cfg.seed)) if not _has(found, type(guard))]
+    data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
+    facts = (ident or identity.of(cfg), data, list(from_data), plain_config(model) if model else None)
+    for resume_ in (cb for cb in found if isinstance(cb, ExactResume)):
+        resume_.identify(*facts)
+    return found
+
+
+def _has(found: list[Callback], kind: type) -> bool:
+    return any(isinstance(cb, kind) for cb in found)
+
+
+def _without_idle(found: list[Callback], cfg: DictConfig, has_logger: bool) -> list[Callback]:
+    """Less what would have nothing to do in this run: an LR monitor without a logger, early stopping
+    without validation."""
     if not has_logger:
         found = _without(
             found, LearningRateMonitor, "logger=none: LearningRateMonitor has nowhere to write, so it"
         )
     if cfg.trainer.get("limit_val_batches") == 0:
         found = _without(found, EarlyStopping, "trainer.limit_val_batches=0: no validation, so EarlyStopping")
-    for kind, default in ((NonFiniteGuard, NonFiniteGuard), (ExactResume, lambda: ExactResume(cfg.seed))):
-        if not any(isinstance(cb, kind) for cb in found):
-            found.append(default())
-    data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
-    for resume_ in (cb for cb in found if isinstance(cb, ExactResume)):
-        resume_.identify(
-            ident or identity.of(cfg), data, list(from_data), plain_config(model) if model else None
-        )
     return found
 
 

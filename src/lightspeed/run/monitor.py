@@ -54,35 +54,15 @@ def declared(cfg: DictConfig) -> dict[str, Any] | None:
     return dict(found) if isinstance(found, dict) and {"metric", "mode"} <= set(found) else None
 
 
-# radon C: fill metric/mode, refuse bad mode, check each consumer
 def settle(cfg: DictConfig) -> None:
     """Fill `monitor.metric` and `monitor.mode` (null: the model's default); refuse in one line a mode
     contradicting the metric's name (unless `monitor.check_mode=false`) or a consumer monitoring another."""
     if "monitor" not in cfg:
         return
-    own = declared(cfg) or FALLBACK
-    metric, mode = cfg.monitor.get("metric"), cfg.monitor.get("mode")
-    if metric is None:
-        metric = own["metric"]
-    if mode is None:
-        mode = own["mode"] if metric == own["metric"] else direction(str(metric))
-        if mode is None:
-            raise ConfigError(
-                f"monitor.mode is not set and the name of monitor.metric={metric} does not say whether "
-                f"higher is better: set monitor.mode=min or monitor.mode=max"
-            )
-    if mode not in ("min", "max"):
-        raise ConfigError(f"monitor.mode={mode!r} is invalid: use min or max")
-    named = direction(str(metric))
-    if named is not None and named != mode and cfg.monitor.get("check_mode", True):
-        better = "lower" if named == "min" else "higher"
-        raise ConfigError(
-            f"monitor.mode={mode} contradicts monitor.metric={metric} ({better} is better by its name): use "
-            f"monitor.mode={named}, or monitor.check_mode=false if {mode} is really meant"
-        )
+    metric, mode = settled(cfg)
     if (cfg.monitor.get("metric"), cfg.monitor.get("mode")) != (metric, mode):  # settled once: left as is
         with open_dict(cfg):
-            cfg.monitor.metric, cfg.monitor.mode = str(metric), str(mode)
+            cfg.monitor.metric, cfg.monitor.mode = metric, mode
     for key, node in consumers(cfg).items():
         if node.monitor is None:  # this one watches nothing (a checkpoint every N steps, say)
             continue
@@ -93,6 +73,37 @@ def settle(cfg: DictConfig) -> None:
                     f"{key}.{field}={node[field]} differs from monitor.{own}={want}: set the run's one "
                     "monitor instead (monitor.metric=..., monitor.mode=...), which every consumer reads"
                 )
+
+
+def settled(cfg: DictConfig) -> tuple[str, str]:
+    """The run's (metric, mode): the config's, the model's own where it says null, a mode from the metric's
+    name where neither says one; one line where the mode cannot be known or contradicts the name."""
+    own = declared(cfg) or FALLBACK
+    metric, mode = cfg.monitor.get("metric"), cfg.monitor.get("mode")
+    metric = own["metric"] if metric is None else str(metric)
+    if mode is None:
+        mode = own["mode"] if metric == own["metric"] else direction(metric)
+        if mode is None:
+            raise ConfigError(
+                f"monitor.mode is not set and the name of monitor.metric={metric} does not say whether "
+                f"higher is better: set monitor.mode=min or monitor.mode=max"
+            )
+    if mode not in ("min", "max"):
+        raise ConfigError(f"monitor.mode={mode!r} is invalid: use min or max")
+    if cfg.monitor.get("check_mode", True):
+        _check_mode(metric, mode)
+    return metric, str(mode)
+
+
+def _check_mode(metric: str, mode: str) -> None:
+    """One line where the metric's name says the other way is better (val/mae with max)."""
+    named = direction(metric)
+    if named is not None and named != mode:
+        better = "lower" if named == "min" else "higher"
+        raise ConfigError(
+            f"monitor.mode={mode} contradicts monitor.metric={metric} ({better} is better by its name): use "
+            f"monitor.mode={named}, or monitor.check_mode=false if {mode} is really meant"
+        )
 
 
 def consumers(cfg: DictConfig) -> dict[str, Any]:

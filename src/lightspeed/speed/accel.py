@@ -59,37 +59,47 @@ def auto_precision(device: str) -> str:
     return "32-true"
 
 
-# radon C: per knob: auto resolved, or explicit but idle
 def resolve(cfg: DictConfig) -> list[str]:
     """Replace every `auto` knob in `cfg` by its value for this device, in place. Return the knobs that
     were set explicitly but cannot take effect here (they are switched off, or left harmlessly set)."""
     device = device_type(cfg)
-    cuda = device == "cuda"
-    idle: list[str] = []
     with open_dict(cfg):
-        trainer, data = cfg.trainer, cfg.data
-        if trainer.get("precision") == "auto":
-            trainer.precision = auto_precision(device)
-        elif trainer.get("precision") is not None:  # Lightning's legacy 16, 32, "bf16": its own names
-            trainer.precision = unified_precision(trainer.precision)
-        if trainer.get("benchmark") == "auto":  # autotuning picks kernels by timing: not reproducible
-            trainer.benchmark = cuda and not trainer.get("deterministic")
-        elif trainer.get("benchmark") is True and not cuda:
-            idle.append("trainer.benchmark=true")  # only sets a cuDNN flag: harmless, kept
-        if data.get("num_workers") == "auto":
-            data.num_workers = auto_num_workers(devices_per_node(cfg), device)
-        elif data.get("on_device") == "auto" and int(data.get("num_workers") or 0) > 0:
-            # decided here, where workers asked for by number still differ from the ones `auto` picks
-            data.on_device = False
-            rank_zero_info(f"data.on_device=auto: data.num_workers={data.num_workers} asks for a DataLoader")
-        for key in ("pin_memory", "non_blocking"):
-            if data.get(key) == "auto":
-                data[key] = cuda
-            elif data.get(key) is True and not cuda:
-                idle.append(f"data.{key}=true")
-                data[key] = False  # pinning without CUDA only earns a warning from the DataLoader
+        idle = _resolve_trainer(cfg.trainer, device) + _resolve_loader(cfg, device)
         idle += _resolve_optimizer_impl(cfg, device)
         idle += _resolve_flush_denormal(cfg, device)
+    return idle
+
+
+def _resolve_trainer(trainer: DictConfig, device: str) -> list[str]:
+    """`trainer.precision` (auto: the device's best; Lightning's legacy names as its unified ones) and
+    `trainer.benchmark` (auto: on CUDA unless deterministic; autotuning picks kernels by timing)."""
+    if trainer.get("precision") == "auto":
+        trainer.precision = auto_precision(device)
+    elif trainer.get("precision") is not None:  # Lightning's legacy 16, 32, "bf16": its own names
+        trainer.precision = unified_precision(trainer.precision)
+    if trainer.get("benchmark") == "auto":
+        trainer.benchmark = device == "cuda" and not trainer.get("deterministic")
+    elif trainer.get("benchmark") is True and device != "cuda":
+        return ["trainer.benchmark=true"]  # only sets a cuDNN flag: harmless, kept
+    return []
+
+
+def _resolve_loader(cfg: DictConfig, device: str) -> list[str]:
+    """The DataLoader knobs under `data.`: workers for this machine, pinned memory and non-blocking copies
+    on CUDA only."""
+    data, cuda, idle = cfg.data, device == "cuda", []
+    if data.get("num_workers") == "auto":
+        data.num_workers = auto_num_workers(devices_per_node(cfg), device)
+    elif data.get("on_device") == "auto" and int(data.get("num_workers") or 0) > 0:
+        # decided here, where workers asked for by number still differ from the ones `auto` picks
+        data.on_device = False
+        rank_zero_info(f"data.on_device=auto: data.num_workers={data.num_workers} asks for a DataLoader")
+    for key in ("pin_memory", "non_blocking"):
+        if data.get(key) == "auto":
+            data[key] = cuda
+        elif data.get(key) is True and not cuda:
+            idle.append(f"data.{key}=true")
+            data[key] = False  # pinning without CUDA only earns a warning from the DataLoader
     return idle
 
 
@@ -106,32 +116,43 @@ def _resolve_flush_denormal(cfg: DictConfig, device: str) -> list[str]:
     return []
 
 
-# radon C: impl x device x optimizer
 def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
     """`accel.optimizer_impl`: fused, foreach, loop, torch (foreach on CUDA, loop on the CPU) or auto: fused
     on the CPU, where torch's loop spends most of a small model's optimizer step in Python (3-7x slower,
     docs/performance.md), torch elsewhere."""
     impl = str(cfg.get("accel", {}).get("optimizer_impl", "torch"))
-    model = cfg.get("model")  # eval builds no optimizer; a module of your own may make its own
-    opt = model.get("optimizer") if OmegaConf.is_dict(model) else None
-    if impl == "torch" or not OmegaConf.is_dict(opt) or "name" not in opt:
-        if impl not in ("torch", "auto") and "model" in cfg:
-            return [f"accel.optimizer_impl={impl} (model.optimizer names no torch.optim class)"]
-        return []
+    opt = _named_optimizer(cfg)
+    if impl == "torch" or opt is None:
+        named = impl in ("torch", "auto") or "model" not in cfg  # eval builds no optimizer
+        return [] if named else [f"accel.optimizer_impl={impl} (model.optimizer names no torch.optim class)"]
     opt_cls = getattr(torch.optim, str(opt.name), None)
-    params = inspect.signature(opt_cls).parameters if isinstance(opt_cls, type) else {}
-    explicit = impl != "auto"
-    if not explicit:  # the config's own fused/foreach keys win over auto
-        if device != "cpu" or "fused" not in params or {"fused", "foreach"} & set(opt):
-            return []
-        impl = "fused"
+    params = set(inspect.signature(opt_cls).parameters) if isinstance(opt_cls, type) else set()
+    if impl != "auto":
+        return _set_optimizer_impl(opt, impl, params, cfg.trainer, explicit=True)
+    if device != "cpu" or "fused" not in params or {"fused", "foreach"} & set(opt):
+        return []  # the config's own fused/foreach keys win over auto
+    return _set_optimizer_impl(opt, "fused", params, cfg.trainer, explicit=False)
+
+
+def _named_optimizer(cfg: DictConfig) -> DictConfig | None:
+    """The model's optimizer node where it names a torch.optim class (`name:`); a module of your own may
+    make its own."""
+    model = cfg.get("model")
+    opt = model.get("optimizer") if OmegaConf.is_dict(model) else None
+    return opt if OmegaConf.is_dict(opt) and "name" in opt else None
+
+
+def _set_optimizer_impl(
+    opt: DictConfig, impl: str, params: set[str], trainer: DictConfig, explicit: bool
+) -> list[str]:
+    """The optimizer node's `fused`/`foreach` flag for `impl`, where its class takes it (`params`)."""
     flag = "fused" if impl == "fused" else "foreach"
     if flag not in params:
         return [f"accel.optimizer_impl={impl} (torch.optim.{opt.name} has no {flag} option)"]
-    if impl == "fused" and cfg.trainer.get("gradient_clip_val") and "mixed" in str(cfg.trainer.precision):
+    if impl == "fused" and trainer.get("gradient_clip_val") and "mixed" in str(trainer.precision):
         # Lightning cannot unscale gradients for clipping inside a fused step: use foreach instead
         opt["foreach"] = True
-        note = f"accel.optimizer_impl=fused (with gradient clipping and {cfg.trainer.precision}: foreach)"
+        note = f"accel.optimizer_impl=fused (with gradient clipping and {trainer.precision}: foreach)"
         return [note] if explicit else []
     opt[flag] = impl != "loop"
     return []
