@@ -40,6 +40,17 @@ class Preempted(BaseException):
         super().__init__(signum, step, path)
         self.signum, self.step, self.path = signum, step, path
 
+    def line(self) -> str:
+        name = signal.Signals(self.signum).name
+        if self.path is None:
+            return (
+                f"preempted by {name} at step {self.step}: nothing saved (trainer.enable_checkpointing=false)"
+            )
+        return (
+            f"preempted by {name}: saved {self.path} at step {self.step}; rerun the same command to continue "
+            "(resume=auto)"
+        )
+
 
 def _newest_saved(trainer: L.Trainer) -> str:
     """What a rerun continues from, in words."""
@@ -105,20 +116,16 @@ def launched_by_lightning(trainer: L.Trainer) -> bool:
     )
 
 
-# radon C: one except per failure kind
 @contextmanager
 def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
     """Around fit and test: each failure above becomes its stderr line and exit code; the first rank says the
     agreed ones (Preemption, TrainingFailure), each rank its own out-of-memory (named under DDP)."""
-    agreed = 0 if launched_by_lightning(trainer) else None
+    launched = launched_by_lightning(trainer)  # exits 0 on an agreed end: else Lightning SIGKILLs rank 0
     try:
         yield
     except Preempted as stop:
-        name = signal.Signals(stop.signum).name
-        saved = f": saved {stop.path} at step {stop.step}; rerun the same command to continue (resume=auto)"
-        nothing = f" at step {stop.step}: nothing saved (trainer.enable_checkpointing=false)"
-        _say(f"preempted by {name}{nothing if stop.path is None else saved}")
-        raise SystemExit(128 + stop.signum if agreed is None else agreed) from None
+        _say(stop.line())
+        raise SystemExit(0 if launched else 128 + stop.signum) from None
     except SystemExit as stop:
         # Lightning's exit after a KeyboardInterrupt (trainer.interrupted alone is true after any error)
         if not isinstance(stop.__context__, KeyboardInterrupt) or stop.code != 1:
@@ -127,20 +134,27 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
         raise SystemExit(128 + signal.SIGINT) from None
     except TrainingFailure as err:
         _say(f"error: {err}")
-        raise SystemExit(TRAINING_FAILURE_EXIT if agreed is None else agreed) from None
+        raise SystemExit(0 if launched else TRAINING_FAILURE_EXIT) from None
     except RuntimeError as err:  # torch.OutOfMemoryError is one
-        if (peer := lost_peer(err)) is not None and trainer.world_size > 1:
-            print(
-                f"error: rank {trainer.global_rank} lost another rank in a collective ({peer}): that rank or "
-                f"its node ended or hung, its own log says why; {_newest_saved(trainer)} (on every node)",
-                file=sys.stderr,
-            )
-            raise SystemExit(TRAINING_FAILURE_EXIT) from None
-        if not is_out_of_memory(err):
+        line = _explained(err, cfg, trainer)
+        if line is None:
             raise
-        rank = f"rank {trainer.global_rank}: " if trainer.world_size > 1 else ""
-        print(f"error: {rank}{out_of_memory_advice(err, cfg)}", file=sys.stderr)
+        print(f"error: {line}", file=sys.stderr)
         raise SystemExit(TRAINING_FAILURE_EXIT) from None
+
+
+def _explained(err: RuntimeError, cfg: Any, trainer: L.Trainer) -> str | None:
+    """Each rank's own line for a peer lost in a collective or for running out of memory; None for
+    anything else (its traceback)."""
+    if (peer := lost_peer(err)) is not None and trainer.world_size > 1:
+        return (
+            f"rank {trainer.global_rank} lost another rank in a collective ({peer}): that rank or its node "
+            f"ended or hung, its own log says why; {_newest_saved(trainer)} (on every node)"
+        )
+    if not is_out_of_memory(err):
+        return None
+    rank = f"rank {trainer.global_rank}: " if trainer.world_size > 1 else ""
+    return f"{rank}{out_of_memory_advice(err, cfg)}"
 
 
 @contextmanager

@@ -104,21 +104,13 @@ def resolve(cfg: DictConfig) -> str | None:
     return start(cfg)[0]
 
 
-# radon C: ckpt_path given, no checkpoint, another run's identity, resume=never: one outcome each
 def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
     """`resolve`, with the checkpoint's position and metrics as read while choosing it, and the run's
     identity (`ident`, else that of `cfg`) recorded in its folder (`run.json`)."""
     run_dir = Path(str(cfg.paths.output_dir))
     ident = ident if ident is not None else identity.of(cfg)
     if cfg.get("ckpt_path"):
-        path = Path(str(cfg.ckpt_path))
-        _check_strategy_loads(cfg, path, "ckpt_path")
-        info = inspect(path, warn=False)  # one that does not load: its load gives the one-line error
-        reason = problem(path) if info is not None else None
-        if reason is not None:
-            raise ConfigError(f"ckpt_path={path} cannot be trained from: {reason}; pass another checkpoint")
-        identity.write_record(run_dir, ident)
-        return str(path), info
+        return _given(cfg, run_dir, ident)
     folder = checkpoint_dir(cfg)
     has_checkpoints = folder.is_dir() and any(folder.glob("*.ckpt"))
     if cfg.trainer.get("enable_checkpointing", True) is False or cfg.trainer.get("fast_dev_run"):
@@ -129,21 +121,7 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
                 "that run's; use run_name=<new name>"
             )
         return None, None  # a run that writes no checkpoints (debug=*) resumes none either
-    record = identity.read_record(run_dir)
-    if record is not None and has_checkpoints:
-        diffs = identity.differences(record["config"], ident)
-        if diffs:
-            raise ConfigError(
-                f"run_name={run_dir.name} holds a run with other settings ({identity.describe(diffs)}): "
-                f"use run_name=<new name> for a new run, and add ckpt_path={folder / 'last.ckpt'} to "
-                "fine-tune from it"
-            )
-    adopted = bool(record.get("adopted")) if record is not None else has_checkpoints
-    if record is None and has_checkpoints:
-        rank_zero_warn(
-            f"resume=auto: {run_dir} stores no run identity (a run from an older Lightspeed): its "
-            "checkpoints are taken as this run's"
-        )
+    adopted = _adopted(run_dir, folder, ident, has_checkpoints)
     found = latest(folder, ident, adopted)
     if found is None:
         _point_at_siblings(folder)
@@ -161,6 +139,39 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
     rank_zero_info(f"resume=auto: continuing from {path} (epoch {info['epoch']}, step {info['global_step']})")
     _bring_last_up_to_date(path, info)
     return str(path), info
+
+
+def _given(cfg: DictConfig, run_dir: Path, ident: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """`ckpt_path`: trained from as given, where it can be."""
+    path = Path(str(cfg.ckpt_path))
+    _check_strategy_loads(cfg, path, "ckpt_path")
+    info = inspect(path, warn=False)  # one that does not load: its load gives the one-line error
+    reason = problem(path) if info is not None else None
+    if reason is not None:
+        raise ConfigError(f"ckpt_path={path} cannot be trained from: {reason}; pass another checkpoint")
+    identity.write_record(run_dir, ident)
+    return str(path), info
+
+
+def _adopted(run_dir: Path, folder: Path, ident: dict[str, Any], has_checkpoints: bool) -> bool:
+    """Whether the folder's checkpoints are taken as this run's without their identity (an older
+    Lightspeed's run); one line where the folder holds a run with other settings."""
+    record = identity.read_record(run_dir)
+    if record is None:
+        if has_checkpoints:
+            rank_zero_warn(
+                f"resume=auto: {run_dir} stores no run identity (a run from an older Lightspeed): its "
+                "checkpoints are taken as this run's"
+            )
+        return has_checkpoints
+    diffs = identity.differences(record["config"], ident) if has_checkpoints else []
+    if diffs:
+        raise ConfigError(
+            f"run_name={run_dir.name} holds a run with other settings ({identity.describe(diffs)}): "
+            f"use run_name=<new name> for a new run, and add ckpt_path={folder / 'last.ckpt'} to "
+            "fine-tune from it"
+        )
+    return bool(record.get("adopted"))
 
 
 def _check_strategy_loads(cfg: DictConfig, path: Path, what: str) -> None:
