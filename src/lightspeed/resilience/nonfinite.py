@@ -80,7 +80,6 @@ class NonFiniteGuard(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
 
-    # radon C: none buffered, 1-rank fast path, first bad step
     def _check(self, trainer: L.Trainer) -> None:
         """Read the buffered losses (one sync) and, under DDP, agree on the first bad step (a collective:
         every rank checks at the same steps and saves)."""
@@ -92,13 +91,10 @@ class NonFiniteGuard(L.Callback):
         window = torch.stack(losses).float() if losses else torch.zeros(0, device=device)
         if trainer.world_size == 1 and bool(torch.isfinite(window).all()):
             return  # the common case: two kernels, one sync
-        finite = torch.isfinite(window).tolist()
-        none = (2**62, 0)
-        bad = next((at for at, ok in zip(steps, finite, strict=True) if not ok), none)
-        flag = torch.tensor(bad, device=device)
-        step, epoch = (int(v) for v in trainer.strategy.reduce(flag, reduce_op="min"))  # the first rank's
-        if step == none[0]:
+        first = _first_bad(trainer, steps, torch.isfinite(window).tolist())
+        if first is None:
             return
+        step, epoch = first
         self._losses = None  # said once
         newest = getattr(trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
         raise TrainingFailure(
@@ -113,7 +109,6 @@ class NonFiniteGuard(L.Callback):
         if batch_idx % trainer.accumulate_grad_batches == 0:
             self._saved_buffers = [b.detach().clone() for b in pl_module.buffers()]
 
-    # radon C: scaler's job, finite, or skip: clear grads, restore buffers, fail/warn
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
@@ -123,12 +118,7 @@ class NonFiniteGuard(L.Callback):
         if not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
             self._consecutive = 0
             return
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                p.grad = None
-        with torch.no_grad():
-            for buffer, saved in zip(pl_module.buffers(), self._saved_buffers, strict=False):
-                buffer.copy_(saved)
+        self._undo_step(pl_module, optimizer)
         self.skipped += 1
         self._consecutive += 1
         if self._consecutive > self.max_consecutive_skips:
@@ -141,3 +131,23 @@ class NonFiniteGuard(L.Callback):
             rank_zero_warn(
                 f"non-finite gradients at step {trainer.global_step}: update skipped ({self.skipped} so far)"
             )
+
+    def _undo_step(self, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer) -> None:
+        """No update from this step: its gradients dropped, the buffers (BatchNorm's statistics) as before."""
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        with torch.no_grad():
+            for buffer, saved in zip(pl_module.buffers(), self._saved_buffers, strict=False):
+                buffer.copy_(saved)
+
+
+def _first_bad(
+    trainer: L.Trainer, steps: list[tuple[int, int]], finite: list[bool]
+) -> tuple[int, int] | None:
+    """(step, epoch) of the first non-finite loss of any rank (a collective), or None."""
+    none = (2**62, 0)
+    bad = next((at for at, ok in zip(steps, finite, strict=True) if not ok), none)
+    flag = torch.tensor(bad, device=trainer.strategy.root_device)
+    step, epoch = (int(v) for v in trainer.strategy.reduce(flag, reduce_op="min"))  # the first rank's
+    return None if step == none[0] else (step, epoch)

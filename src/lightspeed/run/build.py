@@ -39,7 +39,6 @@ _BINDING = re.compile(
 )
 
 
-# radon C: walks the cause chain; ConfigError, bad setting or bug each handled
 def instantiate(
     node: Any, where: str, explain: Callable[[str], str | None] | None = None, **kwargs: Any
 ) -> Any:
@@ -57,18 +56,25 @@ def instantiate(
             cause = cause.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        binding = isinstance(cause, TypeError) and _BINDING.search(str(cause))
-        if isinstance(cause, (MisconfigurationException, ImportError)) or binding:
-            first = first_line(cause)
-            said = explain(first) if binding and explain is not None else None
-            raise ConfigError(
-                said or f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)"
-            ) from None
-        # Hydra's own refusal of the node (a `_target_` that is no callable): no constructor ran
-        if cause is None:
-            first = first_line(err)
-            raise ConfigError(f"{where}: {first.rstrip('.')}") from None
-        raise
+        line = _refused_setting(err, cause, where, explain)
+        if line is None:
+            raise
+        raise ConfigError(line) from None
+
+
+def _refused_setting(
+    err: Exception, cause: BaseException | None, where: str, explain: Callable[[str], str | None] | None
+) -> str | None:
+    """The line for a constructor that refused its settings (or Hydra that refused the node: no constructor
+    ran); None for an error of the code itself."""
+    if cause is None:
+        return f"{where}: {first_line(err).rstrip('.')}"
+    binding = isinstance(cause, TypeError) and _BINDING.search(str(cause))
+    if not (isinstance(cause, (MisconfigurationException, ImportError)) or binding):
+        return None
+    first = first_line(cause)
+    said = explain(first) if binding and explain is not None else None
+    return said or f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)"
 
 
 def _node(cfg: DictConfig, group: str, kind: str) -> DictConfig:
@@ -159,33 +165,35 @@ def model_args(dm: L.LightningDataModule) -> dict[str, Any]:
     return dict(method()) if callable(method) else {}
 
 
-# radon C: the class not ours; a missing argument worded for the user
 def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any]) -> str | None:
     """A model constructor needing what the data lacks, in one line naming both (from the TypeError's
     `line`); None where conf/model is at fault or a layer raised it."""
     target = _import(cfg.model, "model")
-    own = [f"{c.__qualname__}.__init__()" for c in getattr(target, "__mro__", ())]
-    if not line.startswith(tuple(own)):
-        return None
+    own = tuple(f"{c.__qualname__}.__init__()" for c in getattr(target, "__mro__", ()))
     names = re.findall(r"'(\w+)'", line)
+    if not line.startswith(own) or "missing" not in line or not names:
+        return None
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-    model_ = _named(choices, "model", target)
-    data_ = _named(choices, "data", type(dm))
-    fit = (
+    model_, data_ = _named(choices, "model", target), _named(choices, "data", type(dm))
+    said = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    return (
+        f"{model_} is built from {said}, which {data_} does not give ({_data_gives(dm, given)}): choose a "
+        f"model for this data ({_other_models(given, choices)}), or have your DataModule's model_args() "
+        f"return {'them' if len(names) > 1 else 'it'}"
+    )
+
+
+def _data_gives(dm: L.LightningDataModule, given: dict[str, Any]) -> str:
+    if given or hasattr(dm, "model_args"):
+        return f"its model_args() gives {', '.join(given) or 'none'}"
+    return "it has no model_args()"
+
+
+def _other_models(given: dict[str, Any], choices: dict[str, Any]) -> str:
+    """`model=<option>` for each other option of conf/model/ built from what the data gives."""
+    return (
         ", ".join(f"model={m}" for m in _models_built_from(given) if m != choices.get("model")) or "model=..."
     )
-    if "missing" in line and names:
-        said = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-        if given or hasattr(dm, "model_args"):
-            has = f"its model_args() gives {', '.join(given) or 'none'}"
-        else:
-            has = "it has no model_args()"
-        them = "them" if len(names) > 1 else "it"
-        return (
-            f"{model_} is built from {said}, which {data_} does not give ({has}): choose a model for this "
-            f"data ({fit}), or have your DataModule's model_args() return {them}"
-        )
-    return None
 
 
 def _models_built_from(given: dict[str, Any]) -> list[str]:
@@ -241,7 +249,6 @@ def plain(value: Any) -> Any:
 _SHAPE_ERROR = re.compile(r"shape|size|dim|[Ee]xpected .*input", re.IGNORECASE)
 
 
-# radon C: skip/refuse per probe error
 def check_inputs_fit(node: DictConfig, given: dict[str, Any]) -> None:
     """A forward pass on the meta device (shapes only) of the model's `example_input_array`: a net that cannot
     take the data's inputs (1D data, the 2D default CNN) is one line naming both, not a traceback from the
@@ -252,12 +259,7 @@ def check_inputs_fit(node: DictConfig, given: dict[str, Any]) -> None:
         with torch.device("meta"):
             probe = _instantiate(node, _convert_="all")
     except Exception as err:  # not for this shape, or not on the meta device (it loads weights, say)
-        if isinstance(err.__cause__, TypeError) and _BINDING.search(str(err.__cause__)):
-            return  # not built from what the data gives: building it for real says so (`_unfit`)
-        net = OmegaConf.select(node, "net.name", default=None)
-        declared = getattr(nets.find(net), "example_input_shapes", None)
-        if shape is not None and declared and all(len(d) != len(shape) for d in declared):
-            _refuse(shape, f"model.net {net} is built for inputs like {', '.join(map(str, declared))}")
+        _refuse_declared(err, node, shape)
         return  # unchecked: building it for real will tell
     example = getattr(probe, "example_input_array", None)
     if not isinstance(example, torch.Tensor):
@@ -269,6 +271,17 @@ def check_inputs_fit(node: DictConfig, given: dict[str, Any]) -> None:
         first = first_line(err)
         if isinstance(err, RuntimeError) and _SHAPE_ERROR.search(first):
             _refuse(shape if shape is not None else list(example.shape[1:]), first)
+
+
+def _refuse_declared(err: Exception, node: DictConfig, shape: list[int] | None) -> None:
+    """A registered net that could not be built for the data's `input_shape` (`err`) and declares shapes of
+    another rank (`example_input_shapes`): one line naming both."""
+    if isinstance(err.__cause__, TypeError) and _BINDING.search(str(err.__cause__)):
+        return  # not built from what the data gives: building it for real says so (`_unfit`)
+    net = OmegaConf.select(node, "net.name", default=None)
+    declared = getattr(nets.find(net), "example_input_shapes", None)
+    if shape is not None and declared and all(len(d) != len(shape) for d in declared):
+        _refuse(shape, f"model.net {net} is built for inputs like {', '.join(map(str, declared))}")
 
 
 def _refuse(shape: list[int], why: str) -> None:

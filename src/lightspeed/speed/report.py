@@ -104,23 +104,12 @@ class SpeedReport(L.Callback):
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
 
-    # radon C: warm-up (auto or fixed count), clock start vs data wait, FLOPs once
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
     ) -> None:
         now = time.perf_counter()
         if self._warmed_after is None:
-            if self._warm_start is not None:
-                self._warm_times.append(now - self._warm_start)
-            else:
-                self._warm_times_origin = now
-            self._warm_start = now
-            auto = self.warmup_steps == "auto"
-            if (auto and settled(self._warm_times)) or (not auto and self._seen >= int(self.warmup_steps)):
-                self._warmed_after = self._seen
-                self._sync(trainer)
-                self._timed_from = time.perf_counter()
-                self.warmup_seconds = self._timed_from - self._warm_times_origin
+            self._warm_up(trainer, now)
         if self._warmed_after is not None and self._clock is None:
             # the warm-up ends, or training resumes after validation and the checkpoint saves that follow it
             self._start_clock(trainer)
@@ -128,6 +117,21 @@ class SpeedReport(L.Callback):
             self.wait_times.append(now - self._prev_end)  # fetching and moving the next batch
         if self.flops_per_batch is None and self._seen == 0:
             self.flops_per_batch = measure_flops(pl_module, batch)
+
+    def _warm_up(self, trainer: L.Trainer, now: float) -> None:
+        """A warm-up step: its time kept; the warm-up ends once the step time settles (`warmup_steps=auto`)
+        or after `warmup_steps` steps, and the timing starts from a synced device."""
+        if self._warm_start is not None:
+            self._warm_times.append(now - self._warm_start)
+        else:
+            self._warm_times_origin = now
+        self._warm_start = now
+        auto = self.warmup_steps == "auto"
+        if (auto and settled(self._warm_times)) or (not auto and self._seen >= int(self.warmup_steps)):
+            self._warmed_after = self._seen
+            self._sync(trainer)
+            self._timed_from = time.perf_counter()
+            self.warmup_seconds = self._timed_from - self._warm_times_origin
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
@@ -169,28 +173,14 @@ class SpeedReport(L.Callback):
 
     # --- the numbers --------------------------------------------------------------------------------
 
-    # radon C: None if unmeasured; CUDA-only ones
     def _compute(self, trainer: L.Trainer) -> dict[str, Any]:
         dev = trainer.strategy.root_device
-        world = trainer.world_size
-        per_device = self.samples / self.train_seconds if self.train_seconds > 0 else None
-        step_s = self.train_seconds / self.steps if self.steps else None
         batches = trainer.num_training_batches
         report: dict[str, Any] = {
             "device": device_facts.name(dev),
-            "devices": world,
+            "devices": trainer.world_size,
             "precision": str(trainer.precision),
-            "timed_steps": self.steps,
-            "warmup_steps": self._seen if self._warmed_after is None else self._warmed_after,
-            "warmup_seconds": self.warmup_seconds,
-            "samples": self.samples,
-            "train_seconds": self.train_seconds,
-            "samples_per_s": per_device * world if per_device else None,
-            "samples_per_s_per_device": per_device,
-            "step_ms_mean": step_s * 1e3 if step_s else None,
-            "step_ms_median": statistics.median(self.step_times) * 1e3 if self.step_times else None,
-            "step_ms_p95": _quantile(self.step_times, 0.95) * 1e3 if self.step_times else None,
-            "data_wait_share": sum(self.wait_times) / self.train_seconds if self.train_seconds > 0 else None,
+            **self._timing(trainer.world_size),
             "flops_per_batch": self.flops_per_batch,
             "recompiles": self.recompiles,
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
@@ -212,19 +202,43 @@ class SpeedReport(L.Callback):
             # Conv2d modules too: FSDP's flat shards are 1-D by the fit's end.
             "has_4d_weights": _has_4d_weights(trainer.lightning_module),
         }
-        if dev.type == "cuda":
-            report["peak_allocated_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
-            report["peak_reserved_gib"] = torch.cuda.max_memory_reserved(dev) / 2**30
-        mode = device_facts.math_mode(str(trainer.precision), torch.get_float32_matmul_precision())
-        peak = device_facts.peak_flops(report["device"], mode) if dev.type == "cuda" else None
-        report["peak_flops"] = peak
-        report["mfu"] = (
-            self.flops_per_batch * self.steps / self.train_seconds / peak
-            if peak and self.flops_per_batch and self.train_seconds > 0
-            else None
-        )
+        report |= self._device_figures(dev, report["device"], str(trainer.precision))
         report["diagnosis"] = self._diagnose(report, dev.type)
         return report
+
+    def _timing(self, world: int) -> dict[str, Any]:
+        """The timed steps' figures; None for what was not measured (no timed step, no time)."""
+        per_device = self.samples / self.train_seconds if self.train_seconds > 0 else None
+        step_s = self.train_seconds / self.steps if self.steps else None
+        times = self.step_times
+        return {
+            "timed_steps": self.steps,
+            "warmup_steps": self._seen if self._warmed_after is None else self._warmed_after,
+            "warmup_seconds": self.warmup_seconds,
+            "samples": self.samples,
+            "train_seconds": self.train_seconds,
+            "samples_per_s": per_device * world if per_device else None,
+            "samples_per_s_per_device": per_device,
+            "step_ms_mean": step_s * 1e3 if step_s else None,
+            "step_ms_median": statistics.median(times) * 1e3 if times else None,
+            "step_ms_p95": _quantile(times, 0.95) * 1e3 if times else None,
+            "data_wait_share": sum(self.wait_times) / self.train_seconds if self.train_seconds > 0 else None,
+        }
+
+    def _device_figures(self, dev: torch.device, name: str, precision: str) -> dict[str, Any]:
+        """CUDA's peak memory, and the model FLOP utilisation where the device's peak is known."""
+        if dev.type != "cuda":
+            return {"peak_flops": None, "mfu": None}
+        peak = device_facts.peak_flops(
+            name, device_facts.math_mode(precision, torch.get_float32_matmul_precision())
+        )
+        measured = peak and self.flops_per_batch and self.train_seconds > 0
+        return {
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(dev) / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30,
+            "peak_flops": peak,
+            "mfu": self.flops_per_batch * self.steps / self.train_seconds / peak if measured else None,
+        }
 
     def _diagnose(self, r: dict[str, Any], device_type: str) -> list[str]:
         notes = (
