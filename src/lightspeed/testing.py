@@ -7,6 +7,7 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -98,7 +99,6 @@ def partner(choice: str, log_dir: Path, prepare: Prepare | None = None) -> list[
     return [f"data={found[0]}", f"model={found[1]}"]
 
 
-# radon C: its asserts, plus the optional pair, prepare and batch-size cap
 def trains_one_batch(
     choice: str,
     log_dir: Path,
@@ -119,11 +119,16 @@ def trains_one_batch(
     if "batch_size" in cfg.data:  # one small batch: the code path is the same, the compute a fraction
         cfg.data.batch_size = min(int(cfg.data.batch_size), 16)
     result = train(cfg)
-    assert result.trainer.global_step == 1  # fast_dev_run: one optimizer step
-    assert result.best_checkpoint is None  # ... and no checkpoints
-    monitored = result.monitor  # the task's own: what its model declares (val/acc, val/mse, ...)
+    _assert_one_finite_step(result)
+    return result
+
+
+def _assert_one_finite_step(result: Any) -> None:
+    """One optimizer step and no checkpoint (fast_dev_run); the task's own monitored metric (what its model
+    declares: val/acc, val/mse, ...) and its test twin finite, and the weights."""
+    assert result.trainer.global_step == 1 and result.best_checkpoint is None
+    monitored = result.monitor
     assert math.isfinite(result.metrics[monitored]) and result.score == result.metrics[monitored]
     tested = {k: v for k, v in result.metrics.items() if k.startswith("test/")}
     assert monitored.replace("val/", "test/", 1) in tested and all(map(math.isfinite, tested.values()))
     assert all(torch.isfinite(p).all() for p in result.model.parameters())
-    return result

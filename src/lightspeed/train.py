@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
 import lightning as L
@@ -57,7 +58,6 @@ def refuse_multirun_with_ddp(cfg: DictConfig) -> None:
         )
 
 
-# radon C: agreed, ours, or peer died
 @contextmanager
 def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
     """When the first rank fails, end the ranks Lightning started at once (else they wait in their next
@@ -72,13 +72,10 @@ def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
         if isinstance(err, (ConfigError, TrainingFailure)) or is_out_of_memory(err):  # ours, explained
             kill_launched_ranks(trainer)
             raise
-        deadline = time.monotonic() + 2.0  # a peer's death reaches us before its exit status does
-        while not any(p.poll() for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        dead = [(rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.returncode]
+        dead = _first_dead(procs)
         kill_launched_ranks(trainer)
         if dead:
-            rank, code = dead[0]
+            rank, code = dead
             print(
                 f"error: rank {rank} exited with code {code} (its error is above); stopped every rank",
                 file=sys.stderr,
@@ -86,6 +83,15 @@ def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
             raise SystemExit(1) from None
         print(f"error: rank 0 failed (below); stopped the other {len(procs)} ranks", file=sys.stderr)
         raise
+
+
+def _first_dead(procs: Sequence[Popen[bytes]]) -> tuple[int, int] | None:
+    """(rank, exit code) of the first launched rank that died, waiting up to 2 s: a peer's death reaches
+    this rank (a failed collective) before its exit status does."""
+    deadline = time.monotonic() + 2.0
+    while not any(p.poll() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return next(((rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.returncode), None)
 
 
 @dataclass

@@ -132,22 +132,26 @@ CLUSTER_VARIABLES = (
 )
 
 
-# radon C: fifo, sharded, folder, missing
 def check_checkpoint_path(path: Path, other: str = "") -> None:
     """A `ckpt_path` that is a file or a sharded checkpoint's folder; else one line saying what it is."""
     other = f", {other}" if other else ""
-    if path.exists() and not path.is_dir() and not path.is_file():
+    if path.is_dir():
+        _check_checkpoint_folder(path, other)
+    elif path.exists() and not path.is_file():
         raise ConfigError(
             f"ckpt_path={path} is not a regular file (a fifo, a device): pass the path of a .ckpt file{other}"
         )
-    if path.is_dir() and ((path / "meta.pt").is_file() or (path / ".metadata").is_file()):
-        return  # a sharded checkpoint (resilience/sharded.py)
-    if path.is_dir():
-        found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
-        hint = f" (it holds {', '.join(found)})" if found else ""
-        raise ConfigError(f"ckpt_path={path} is a folder{hint}: pass the .ckpt file itself{other}")
-    if not path.is_file():
+    elif not path.is_file():
         raise ConfigError(f"ckpt_path={path} does not exist: pass the path of a .ckpt file{other}")
+
+
+def _check_checkpoint_folder(path: Path, other: str) -> None:
+    """A sharded checkpoint's folder (resilience/sharded.py), not a folder of .ckpt files."""
+    if (path / "meta.pt").is_file() or (path / ".metadata").is_file():
+        return
+    found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
+    hint = f" (it holds {', '.join(found)})" if found else ""
+    raise ConfigError(f"ckpt_path={path} is a folder{hint}: pass the .ckpt file itself{other}")
 
 
 def _select(cfg: DictConfig, key: str) -> Any:
@@ -222,28 +226,32 @@ def _validate_strategy(cfg: DictConfig) -> None:
         )
 
 
-# radon C: one ConfigError per bad accelerator/devices pairing
 def validate_devices(cfg: DictConfig) -> None:
     """Never fall back to the CPU when a GPU was asked for; never ask for more devices than exist."""
     accelerator = str(_get(cfg, "trainer.accelerator") or "auto")
     devices = _get(cfg, "trainer.devices")
     if accelerator in ("gpu", "cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"trainer.accelerator={accelerator} but torch sees no CUDA GPU "
-                f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}): "
-                "check `nvidia-smi` and install a CUDA build of torch, or train on the CPU with trainer=cpu"
-            )
-        available = torch.cuda.device_count()
-        if is_int(devices) and devices > available:
-            raise ConfigError(
-                f"trainer.devices={devices} but only {available} GPU(s) are visible: use at most {available}"
-            )
+        _check_gpus(accelerator, devices)
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
     if on_cpu and devices is not None and not re.fullmatch(r"auto|-?\d+", str(devices)):
         raise ConfigError(
             f"trainer.devices={devices} lists device indices, but this run is on the CPU: use a count of "
             "processes (trainer.devices=1; trainer=ddp_cpu for two)"
+        )
+
+
+def _check_gpus(accelerator: str, devices: Any) -> None:
+    """A CUDA GPU that torch sees, and at least `devices` of them."""
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} but torch sees no CUDA GPU "
+            f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}): "
+            "check `nvidia-smi` and install a CUDA build of torch, or train on the CPU with trainer=cpu"
+        )
+    available = torch.cuda.device_count()
+    if is_int(devices) and devices > available:
+        raise ConfigError(
+            f"trainer.devices={devices} but only {available} GPU(s) are visible: use at most {available}"
         )
 
 
@@ -271,13 +279,11 @@ def check_retired(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} {instead}")
 
 
-# radon C: retired, elsewhere, close, list
 def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
     """One line for a key that is not in the config: what replaced it, or the closest of its siblings."""
-    # the key, a key under it, or the retired node it is under
-    retired = next((k for k in RETIRED if f"{key}.".startswith(f"{k}.") or k.startswith(f"{key}.")), None)
+    retired = _retired(key)
     if retired:
-        return f"{retired} {RETIRED[retired]}" if retired == key else f"{key}: {retired} {RETIRED[retired]}"
+        return retired
     parent, _, leaf = key.rpartition(".")
     siblings = sorted({k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent} - {"defaults"})
     if leaf in siblings:  # in the default composition, not in this one: another option left it out
@@ -287,6 +293,14 @@ def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
     if close:
         return f"{key} is not a setting: did you mean {where}{close[0]}? {fix}"
     return f"{key} is not a setting ({parent or 'the top level'} has {', '.join(siblings)}): {fix}"
+
+
+def _retired(key: str) -> str | None:
+    """What replaced `key`, a key under it, or the retired node it is under; None where none was."""
+    retired = next((k for k in RETIRED if f"{key}.".startswith(f"{k}.") or k.startswith(f"{key}.")), None)
+    if retired is None:
+        return None
+    return f"{retired} {RETIRED[retired]}" if retired == key else f"{key}: {retired} {RETIRED[retired]}"
 
 
 def check_known_keys(cfg: DictConfig, config_name: str) -> None:
@@ -385,7 +399,6 @@ def _expanded(node: Any, sizes: dict[int, int]) -> int:
     return sizes[id(node)]
 
 
-# radon C: an interpolation, a key's own rule, an untyped default, a nested value, then the type
 def check_type(key: str, value: Any, default: Any) -> None:
     """An override has its default's type (`entry._Defaults`) or passes its `schema.SCHEMA` check; a null or
     `auto` default has no type; null turns a key off; an interpolation is checked at its target."""
@@ -393,12 +406,17 @@ def check_type(key: str, value: Any, default: Any) -> None:
         return
     if key in SCHEMA and SCHEMA[key].check is not None:
         check_rule(key, value)
-        return
-    if default is None or default == "auto" or value is None:
-        return
-    if isinstance(value, dict) and isinstance(default, dict):
+    elif isinstance(value, dict) and isinstance(default, dict):
         for name, inner in value.items():
             check_type(f"{key}.{name}", inner, default.get(name))
+    else:
+        _check_kind(key, value, default)
+
+
+def _check_kind(key: str, value: Any, default: Any) -> None:
+    """`value` is of its default's kind (a bool is no number; an int is a float's kind too); a null or `auto`
+    default has no kind, and null turns a key off."""
+    if default is None or default == "auto" or value is None:
         return
     types, said = next((t, s) for t, s in _KINDS if isinstance(default, t))
     types = (int, float) if types is float else types

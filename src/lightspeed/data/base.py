@@ -77,7 +77,6 @@ def mean_std(x: Tensor) -> tuple[float, float]:
 ON_DEVICE_MAX_SHARE = 0.5
 
 
-# radon C: a return per case: off, host memory, fits, true, too big
 def on_device_choice(on_device: bool | str, nbytes: int, device: torch.device) -> tuple[bool, str | None]:
     """Whether an in-memory data set of `nbytes` is served from the training device (sliced there, no
     DataLoader), and the line that says why (None: nothing to say). `auto`: yes when it fits within
