@@ -29,7 +29,6 @@ from lightspeed.speed import accel
 from lightspeed.speed.accel import LOADER_KNOBS
 
 
-# radon C: test + optional confusion, predictions, pictures
 def run(cfg: DictConfig) -> dict[str, float]:
     silence_known_noise()
     with exit_on_config_error():
@@ -58,28 +57,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     matrix = getattr(model, "confusion_matrix", None)  # a classifier's, computed in testing
     confusion = confusion_matrix.write(matrix, run_dir, class_names) if torch.is_tensor(matrix) else None
-    predict, found = bool(cfg.predict), viz.Intermediates() if cfg.get("viz") else None
-    predictions = None
-    if (predict or found is not None) and type(model).predict_step is L.LightningModule.predict_step:
-        # Lightning's own predict_step calls the module on the whole batch (inputs and targets): a traceback
-        asked = " and ".join(f"{k}=true" for k in ("predict", "viz") if cfg.get(k))
-        rank_zero_info(
-            f"{asked}: {type(model).__name__} has no predict_step, so nothing is predicted (no "
-            "predictions.csv or pictures): give it one returning a dict of tensors (docs/guide.md)"
-        )
-        predict, found = False, None
-    if predict or found is not None:
-        if found is not None:
-            trainer.callbacks.append(found)
-        with exit_on_config_error(), exit_on_failure(cfg, trainer):
-            # the Trainer predicts under torch.inference_mode
-            if type(dm).predict_dataloader is L.LightningDataModule.predict_dataloader:  # the test set's
-                batches = trainer.predict(model, dm.test_dataloader(), return_predictions=predict)
-            else:
-                batches = trainer.predict(model, datamodule=dm, return_predictions=predict)
-        if predict:
-            predictions = _write_predictions(batches or [], run_dir / "predictions.csv", class_names)
-    pictures = _pictures(found, run_dir, class_names, type(model).__name__) if found is not None else None
+    predictions, pictures = _predict(cfg, trainer, model, dm, class_names)
     summary.report(
         "Lightspeed: evaluation",
         run_dir,
@@ -95,6 +73,46 @@ def run(cfg: DictConfig) -> dict[str, float]:
         metrics,
     )
     return metrics
+
+
+def _predict(
+    cfg: DictConfig,
+    trainer: L.Trainer,
+    model: L.LightningModule,
+    dm: L.LightningDataModule,
+    class_names: list[str] | None,
+) -> tuple[str | None, str | None]:
+    """predict=true: predictions.csv; viz=true: the pictures (what each wrote, else None). On the test set
+    where the DataModule has no predict_dataloader; nothing, in one line, where the module has no
+    predict_step (Lightning's own calls the module on the whole batch, targets too: a traceback)."""
+    predict, found = bool(cfg.predict), viz.Intermediates() if cfg.get("viz") else None
+    if not _predicts(cfg, model):
+        return None, None
+    if found is not None:
+        trainer.callbacks.append(found)
+    with exit_on_config_error(), exit_on_failure(cfg, trainer):  # under torch.inference_mode
+        if type(dm).predict_dataloader is L.LightningDataModule.predict_dataloader:  # the test set's
+            batches = trainer.predict(model, dm.test_dataloader(), return_predictions=predict)
+        else:
+            batches = trainer.predict(model, datamodule=dm, return_predictions=predict)
+    run_dir = Path(cfg.paths.output_dir)
+    predictions = (
+        _write_predictions(batches or [], run_dir / "predictions.csv", class_names) if predict else None
+    )
+    pictures = _pictures(found, run_dir, class_names, type(model).__name__) if found is not None else None
+    return predictions, pictures
+
+
+def _predicts(cfg: DictConfig, model: L.LightningModule) -> bool:
+    """Whether predict=true or viz=true asks for predictions that the module can make (a predict_step)."""
+    asked = " and ".join(f"{k}=true" for k in ("predict", "viz") if cfg.get(k))
+    if asked and type(model).predict_step is L.LightningModule.predict_step:
+        rank_zero_info(
+            f"{asked}: {type(model).__name__} has no predict_step, so nothing is predicted (no "
+            "predictions.csv or pictures): give it one returning a dict of tensors (docs/guide.md)"
+        )
+        return False
+    return bool(asked)
 
 
 _NO_GALLERY = "predict_step gives no target, pred and prob"

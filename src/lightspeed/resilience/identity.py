@@ -120,7 +120,6 @@ def write_record(run_dir: Path, ident: dict[str, Any], adopted: bool = False) ->
     write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
 
 
-# radon C: a torn or foreign run.json, this attempt's entry found or added, rank 0 only
 def add_fit_seconds(run_dir: Path, seconds: float) -> float:
     """Keep this attempt's fit time in run.json (rank 0 writes) and return the run's total over its
     attempts: a resumed or rerun run adds to its time, never replaces it. A run that adds no attempt (a
@@ -131,12 +130,16 @@ def add_fit_seconds(run_dir: Path, seconds: float) -> float:
     if not attempts or attempts[-1].get("pid") != os.getpid() or "fit_seconds" in attempts[-1]:
         return seconds
     attempts[-1]["fit_seconds"] = round(seconds, 2)
-    if rank_zero_only.rank == 0:
-        try:
-            write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
-        except OSError as err:  # the run's own exit (a preemption's 143) matters more than this record
-            rank_zero_warn(f"{RECORD_FILE}: this attempt's fit time not kept ({err.strerror or err})")
+    _keep(run_dir, record)
     return sum(t for a in attempts if isinstance(t := a.get("fit_seconds"), (int, float)))
+
+
+@rank_zero_only
+def _keep(run_dir: Path, record: dict[str, Any]) -> None:
+    try:
+        write_text_atomically(run_dir / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
+    except OSError as err:  # the run's own exit (a preemption's 143) matters more than this record
+        rank_zero_warn(f"{RECORD_FILE}: this attempt's fit time not kept ({err.strerror or err})")
 
 
 def code_commit() -> dict[str, Any]:

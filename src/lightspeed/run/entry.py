@@ -62,7 +62,6 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
     return main
 
 
-# radon C: one except per way a composition fails (too deep, Hydra's, a yaml it cannot read)
 def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
     """Run `task` as `python -m lightspeed.<config_name> <sys.argv>` does: what Hydra or `Checks` refuse
     before the task starts is a ConfigError of one line; an error after that is the task's own."""
@@ -95,25 +94,35 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
             "the config nests too deeply to compose (a yaml file of nested lists or maps?): flatten it"
         ) from None
     except (_Refused, HydraException, OmegaConfBaseException) as caught:
-        err = caught.__cause__ if isinstance(caught, _Refused) else caught
-        if started or not isinstance(err, (ConfigError, HydraException, OmegaConfBaseException)):
-            raise err from None
-        raise (
-            err if isinstance(err, ConfigError) else ConfigError(composition_error(err, args, config_name))
-        ) from None
+        raise _refusal(caught, started, args, config_name) from None
     except (yaml.YAMLError, UnicodeDecodeError, ValueError) as err:  # a yaml file Hydra cannot read or use
-        stage = None if started or isinstance(err, ConfigError) else _composing(err)
-        if stage is None:
+        line = None if started or isinstance(err, ConfigError) else _not_composed(err, args)
+        if line is None:
             raise
-        if stage == "overrides":
-            first = first_line(err)
-            raise ConfigError(
-                f"the command line's values cannot be applied ({first}): one of them goes under a node that "
-                "the chosen yaml files make a list or a plain value; check those files, or drop that value"
-            ) from None
-        raise ConfigError(unreadable_yaml(err, [*CONF_DIRS, *config_dirs(args)], args)) from None
+        raise ConfigError(line) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def _refusal(caught: BaseException, started: list[bool], args: list[str], config_name: str) -> BaseException:
+    """What to raise for an error of Hydra's or of `Checks` (its cause): before the task started, a
+    ConfigError of one line; after, the error itself."""
+    err = caught.__cause__ if isinstance(caught, _Refused) and caught.__cause__ is not None else caught
+    if started or not isinstance(err, (ConfigError, HydraException, OmegaConfBaseException)):
+        return err
+    return err if isinstance(err, ConfigError) else ConfigError(composition_error(err, args, config_name))
+
+
+def _not_composed(err: Exception, args: list[str]) -> str | None:
+    """The line for a composition that failed reading a yaml file or applying the command line's values;
+    None for an error elsewhere (its traceback)."""
+    stage = _composing(err)
+    if stage == "overrides":
+        return (
+            f"the command line's values cannot be applied ({first_line(err)}): one of them goes under a node "
+            "that the chosen yaml files make a list or a plain value; check those files, or drop that value"
+        )
+    return None if stage is None else unreadable_yaml(err, [*CONF_DIRS, *config_dirs(args)], args)
 
 
 def _composing(err: BaseException) -> str | None:
@@ -303,30 +312,34 @@ def _check_launcher_installed(override: str) -> None:
         )
 
 
-# radon C: unknown key, a group this command has not, bad value, or other
 def composition_error(err: Exception, args: list[str], config_name: str = "train") -> str:
     """Hydra's composition error in one line: a key that is not in the config names the closest one (of
     its node, or of another option of its group)."""
     text = str(err)
     missing = re.search(r"Could not override '([^']+)'", text)
     if missing:
-        key = missing[1]
-        value = next((a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == key), "...")
-        if "No match in the defaults list" in text and is_group(key):
-            return unused_group(key, value, config_name)
-        inner = str(getattr(err.__cause__, "full_key", None) or "")
-        if value.startswith("{") and inner.startswith(f"{key}."):  # Hydra merges a mapping into the node
-            new = inner[len(key) + 1 :]
-            return (
-                f"{key}={value} is merged into the {key} the config has, which has no {new}: to replace "
-                f"that node, give ~{key} '+{key}={value}'"
-            )
-        return unknown_key(key, _known_near(key, err.__cause__), f"to add a key of your own: +{key}={value}")
+        return _not_overridden(missing[1], err, args, config_name)
     unreadable = next((line for arg in overrides_in(args) if (line := grammar_error(arg))), None)
     if unreadable:
         return unreadable
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
     return f"the command line does not compose: {first}"
+
+
+def _not_overridden(key: str, err: Exception, args: list[str], config_name: str) -> str:
+    """The line for a command-line key Hydra could not override: a group this command has not, a mapping
+    merged into a node that lacks its keys, or a key that is not in the config."""
+    value = next((a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == key), "...")
+    if "No match in the defaults list" in str(err) and is_group(key):
+        return unused_group(key, value, config_name)
+    inner = str(getattr(err.__cause__, "full_key", None) or "")
+    if value.startswith("{") and inner.startswith(f"{key}."):  # Hydra merges a mapping into the node
+        new = inner[len(key) + 1 :]
+        return (
+            f"{key}={value} is merged into the {key} the config has, which has no {new}: to replace "
+            f"that node, give ~{key} '+{key}={value}'"
+        )
+    return unknown_key(key, _known_near(key, err.__cause__), f"to add a key of your own: +{key}={value}")
 
 
 def unused_group(key: str, value: str, config_name: str) -> str:

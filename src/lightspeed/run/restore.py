@@ -91,7 +91,6 @@ def _targets(node: Any, path: str) -> list[tuple[str, Any]]:
     return found
 
 
-# radon C: path, or newest run's best (moved ok)
 def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
     """`latest`: the best checkpoint of the newest training run under `log_dir/train` that has one;
     anything else is a path."""
@@ -102,20 +101,26 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
     files = [p for p in (log_dir / "train").glob(f"**/{summary.SUMMARY_FILE}") if p.is_file()]  # not a fifo
     runs = sorted(files, key=lambda p: p.stat().st_mtime)
     for found in reversed(runs):  # newest first; runs without a best checkpoint (debug=fdr) are skipped
-        record = read_json(found)  # None when torn, unreadable, not JSON: not a run to evaluate
-        best = record.get("best_checkpoint") if isinstance(record, dict) else None
-        if not isinstance(best, str) or not best:
-            continue
-        path = Path(best)
-        if not path.exists() and isinstance(record.get("run_dir"), str):  # the run's folder was moved
-            with contextlib.suppress(ValueError):
-                path = found.parent / path.relative_to(record["run_dir"])
-        if path.is_file() or _sharded(path):
+        path = _best_of(found)
+        if path is not None and (path.is_file() or _sharded(path)):
             return path
     raise ConfigError(
         f"ckpt_path=latest found no training run with a best checkpoint under {log_dir / 'train'}: "
         "run `make train` first, or pass ckpt_path=path/to/file.ckpt"
     )
+
+
+def _best_of(summary_file: Path) -> Path | None:
+    """The best checkpoint a run's summary names, in the folder the summary is in now (a moved run)."""
+    record = read_json(summary_file)  # None when torn, unreadable, not JSON: not a run to evaluate
+    best = record.get("best_checkpoint") if isinstance(record, dict) else None
+    if not isinstance(best, str) or not best:
+        return None
+    path = Path(best)
+    if not path.exists() and isinstance(record.get("run_dir"), str):  # the run's folder was moved
+        with contextlib.suppress(ValueError):
+            path = summary_file.parent / path.relative_to(record["run_dir"])
+    return path
 
 
 def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModule]:
@@ -161,7 +166,6 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
     return ckpt, stored, model
 
 
-# radon C: the command line's class, or the checkpoint's after the trust check of each _target_
 def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[str, Any]:
     """What rebuilds the module that trained the checkpoint: its run's model node (`MODEL_CONFIG_KEY`; from
     before it was kept: the class its run's config names with its hyperparameters), the class replaced by
@@ -169,16 +173,7 @@ def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[st
     be one that conf/ names, or its run's command line (`.hydra/overrides.yaml` beside its checkpoints)."""
     node, command_line = stored.get(MODEL_CONFIG_KEY), ran(ckpt, Path(cfg.paths.log_dir))  # read once
     if not isinstance(node, dict):  # an older checkpoint: its class, with its plain hyperparameters
-        hparams: dict[str, Any] = {}
-        for key in ("module_arguments", "hparams", "hyper_parameters"):  # Lightning's older names, merged
-            if not isinstance(stored.get(key) or {}, dict):
-                raise ConfigError(
-                    f"ckpt_path={ckpt}: its {key} is a {type(stored[key]).__name__}, not the module's "
-                    "arguments: pass another checkpoint"
-                )
-            check_data_targets({"model": stored.get(key) or {}}, ckpt.name, command_line)  # each
-            hparams.update(stored.get(key) or {})
-        node = {**hparams, "_target_": _run_target(stored), "_recursive_": False}
+        node = _legacy_node(stored, ckpt, command_line)
     name = cfg.get("module") or node.get("_target_")
     where = "module" if cfg.get("module") else f"{ckpt.name}: model"
     if not name:
@@ -192,13 +187,32 @@ def _module_node(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> dict[st
     check_plain(named, f"{ckpt.name}'s model", "pass another checkpoint")
     check_data_targets({"model": named}, ckpt.name, command_line)
     node = {**node, "_target_": str(name)}
+    _check_module_class(str(name), where)
+    return node
+
+
+def _legacy_node(stored: dict[str, Any], ckpt: Path, command_line: str) -> dict[str, Any]:
+    """An older checkpoint's module: the class its run's config names, with its hyperparameters (each of
+    Lightning's older names for them merged, each checked as data)."""
+    hparams: dict[str, Any] = {}
+    for key in ("module_arguments", "hparams", "hyper_parameters"):
+        if not isinstance(stored.get(key) or {}, dict):
+            raise ConfigError(
+                f"ckpt_path={ckpt}: its {key} is a {type(stored[key]).__name__}, not the module's "
+                "arguments: pass another checkpoint"
+            )
+        check_data_targets({"model": stored.get(key) or {}}, ckpt.name, command_line)
+        hparams.update(stored.get(key) or {})
+    return {**hparams, "_target_": _run_target(stored), "_recursive_": False}
+
+
+def _check_module_class(name: str, where: str) -> None:
     try:
-        found = locate(str(name))
+        found = locate(name)
     except (ImportError, ValueError) as err:
         raise ConfigError(f"{where}: {name} cannot be imported ({err}): pass module=<its class>") from None
     if not (isinstance(found, type) and issubclass(found, L.LightningModule)):
         raise ConfigError(f"{where}: {name} is not a LightningModule class: pass module=<its class>")
-    return node
 
 
 def ran(ckpt: Path, log_dir: Path) -> str:

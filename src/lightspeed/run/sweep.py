@@ -31,23 +31,10 @@ class SweepTable(Callback):
         self.rows_dir = folder / f".rows-{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}-{os.getpid()}"
         self.rows_dir.mkdir(parents=True)
 
-    # radon C: a job of several ranks, a missing summary, a failed job: defaults for each
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self.rows_dir is None or rank_zero_only.rank != 0:  # a job of several ranks: its first says it
             return
-        run_dir = Path(str(config.paths.output_dir))
-        record = read_json(run_dir / SUMMARY_FILE) or {}
-        metrics = record.get("metrics", {})
-        settled = (record.get("config") or {}).get("monitor") or {}  # as the job settled it
-        failed = job_return.status != JobStatus.COMPLETED
-        row = {
-            "overrides": list(job_return.overrides or []),
-            "run": run_dir.name,
-            "status": "failed" if failed else "done",
-            "score": None if failed else job_return.return_value,
-            "monitor": (settled.get("metric"), settled.get("mode")),
-            "metrics": {k: v for k, v in metrics.items() if k.startswith(("val/", "test/")) and "@" not in k},
-        }
+        row = _row(Path(str(config.paths.output_dir)), job_return)
         write_text_atomically(self.rows_dir / f"{config.hydra.job.num}.json", json.dumps(row))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -61,3 +48,20 @@ class SweepTable(Callback):
         from lightspeed.report.sweep_table import show  # only when a sweep ends
 
         show(rows, Path(str(config.paths.log_dir)) / str(config.task_name) / "sweeps")
+
+
+def _row(run_dir: Path, job_return: JobReturn) -> dict[str, Any]:
+    """A job's row: its overrides, run, status, score and the monitor that scored it (as the job settled it),
+    and its validation and test metrics (none where its summary is missing)."""
+    record = read_json(run_dir / SUMMARY_FILE) or {}
+    metrics = record.get("metrics", {})
+    settled = (record.get("config") or {}).get("monitor") or {}
+    failed = job_return.status != JobStatus.COMPLETED
+    return {
+        "overrides": list(job_return.overrides or []),
+        "run": run_dir.name,
+        "status": "failed" if failed else "done",
+        "score": None if failed else job_return.return_value,
+        "monitor": (settled.get("metric"), settled.get("mode")),
+        "metrics": {k: v for k, v in metrics.items() if k.startswith(("val/", "test/")) and "@" not in k},
+    }
