@@ -92,7 +92,6 @@ def has_wandb_key() -> bool:
         return False
 
 
-# radon C: per logger: reuse id or new run; W&B offline=auto
 def continue_runs(cfg: DictConfig) -> None:
     """Into each MLflow or W&B logger node whose id is unset, the id this run folder's earlier attempt
     stored; W&B's `offline: auto` resolved (offline without a key, unless WANDB_MODE says otherwise)."""
@@ -104,31 +103,40 @@ def continue_runs(cfg: DictConfig) -> None:
     with open_dict(cfg):
         for name, node in nodes.items():
             kind = _kind(node)
-            if kind is None:
-                continue
-            key = "run_id" if kind is MLFlowLogger else "id"
-            earlier = stored.get(name)
-            if node.get(key) is None and earlier is not None:
-                gone = _gone_from_local_store(earlier) if kind is MLFlowLogger else None
-                if earlier["at"] == _where(node, kind) and gone:
-                    rank_zero_info(f"logger.{name}: {gone}: a new tracked run there")
-                elif earlier["at"] == _where(node, kind):
-                    node[key] = earlier["id"]
-                else:
-                    rank_zero_info(
-                        f"logger.{name}: this run's earlier attempts logged to {earlier['at']}, not "
-                        f"{_where(node, kind)}: a new tracked run there"
-                    )
+            if kind is not None and stored.get(name) is not None:
+                _continue(name, node, kind, stored[name])
             if kind is WandbLogger and node.get("offline") == "auto":
-                node.offline = not has_wandb_key() and os.environ.get("WANDB_MODE") is None
-                if node.offline:
-                    rank_zero_info(
-                        f"logger.{name}: no W&B key (WANDB_API_KEY or `wandb login`): logging offline "
-                        f"under {node.get('save_dir')}/wandb; upload later: `wandb sync <that folder>`"
-                    )
+                _offline_unless_logged_in(name, node)
 
 
-# radon C: MLflow/W&B id; write only on change
+def _continue(name: str, node: Any, kind: type, earlier: dict[str, str]) -> None:
+    """The earlier attempt's tracked run, where it lives where this node logs and still exists; else a new
+    one there, in one line."""
+    key = "run_id" if kind is MLFlowLogger else "id"
+    if node.get(key) is not None:
+        return
+    if earlier["at"] != _where(node, kind):
+        rank_zero_info(
+            f"logger.{name}: this run's earlier attempts logged to {earlier['at']}, not "
+            f"{_where(node, kind)}: a new tracked run there"
+        )
+        return
+    gone = _gone_from_local_store(earlier) if kind is MLFlowLogger else None
+    if gone:
+        rank_zero_info(f"logger.{name}: {gone}: a new tracked run there")
+        return
+    node[key] = earlier["id"]
+
+
+def _offline_unless_logged_in(name: str, node: Any) -> None:
+    node.offline = not has_wandb_key() and os.environ.get("WANDB_MODE") is None
+    if node.offline:
+        rank_zero_info(
+            f"logger.{name}: no W&B key (WANDB_API_KEY or `wandb login`): logging offline "
+            f"under {node.get('save_dir')}/wandb; upload later: `wandb sync <that folder>`"
+        )
+
+
 @rank_zero_only
 def remember(cfg: DictConfig, loggers: list[Logger]) -> None:
     """Store the ids of the MLflow and W&B runs the loggers opened (asking for an id opens the run) in
@@ -136,19 +144,23 @@ def remember(cfg: DictConfig, loggers: list[Logger]) -> None:
     nodes = {
         n: node for n, node in (cfg.get("logger") or {}).items() if node is not None and "_target_" in node
     }
-    found: dict[str, dict[str, str]] = {}
-    for (name, node), logger in zip(nodes.items(), loggers, strict=False):  # built in this order
-        if isinstance(logger, MLFlowLogger) and logger.run_id:
-            found[name] = {"id": str(logger.run_id), "at": _where(node, MLFlowLogger)}
-        elif isinstance(logger, WandbLogger) and logger.version:
-            found[name] = {"id": str(logger.version), "at": _where(node, WandbLogger)}
+    pairs = zip(nodes.items(), loggers, strict=False)  # built in this order
+    found = {name: tracked for (name, node), logger in pairs if (tracked := _tracked_run(node, logger))}
     run_dir = Path(cfg.paths.output_dir)
     stored = _stored(run_dir)
     if found and stored != {**stored, **found}:
         write_text_atomically(run_dir / TRACKING_FILE, json.dumps({**stored, **found}, indent=2) + "\n")
 
 
-# radon C: MLflow keeps old params
+def _tracked_run(node: Any, logger: Logger) -> dict[str, str] | None:
+    """{"id": the run the MLflow or W&B logger opened, "at": where it lives}; None for other loggers."""
+    if isinstance(logger, MLFlowLogger) and logger.run_id:
+        return {"id": str(logger.run_id), "at": _where(node, MLFlowLogger)}
+    if isinstance(logger, WandbLogger) and logger.version:
+        return {"id": str(logger.version), "at": _where(node, WandbLogger)}
+    return None
+
+
 @rank_zero_only
 def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
     """The resolved config into every logger, minus the tracked runs' ids; a continued MLflow run keeps its
@@ -158,29 +170,29 @@ def log_config(config: dict[str, Any], loggers: list[Logger]) -> None:
         (n, node) for n, node in config["logger"].items() if isinstance(node, dict) and "_target_" in node
     ]
     for (name, node), logger in zip(nodes, loggers, strict=False):  # built in this order
-        if not isinstance(logger, MLFlowLogger):
-            reaching = (
-                _store_answers(name, node, "W&B")
-                if isinstance(logger, WandbLogger)
-                else contextlib.nullcontext()
-            )
-            with exit_on_config_error(), reaching:  # W&B's first request: before training
-                logger.log_hyperparams(config)
+        if isinstance(logger, MLFlowLogger):
+            _log_new_params(name, node, logger, config)
             continue
-        with (
-            exit_on_config_error(),
-            _store_answers(name, node, "MLflow"),
-        ):  # its first request: before training
-            kept = logger.experiment.get_run(logger.run_id).data.params
-        flat = flatten(config, "/")  # as Lightning's loggers flatten it
-        changed = sorted(k for k, v in flat.items() if k in kept and kept[k] != str(v)[:250])
-        if changed:
-            rank_zero_info(
-                f"MLflow keeps the first attempt's values of {', '.join(changed[:5])}"
-                f"{' ...' if len(changed) > 5 else ''} (it does not change a logged param); this attempt's "
-                "are in the run folder's .hydra/config.yaml"
-            )
-        logger.log_hyperparams({k: v for k, v in flat.items() if k not in kept})
+        reaching = (
+            _store_answers(name, node, "W&B") if isinstance(logger, WandbLogger) else contextlib.nullcontext()
+        )
+        with exit_on_config_error(), reaching:  # W&B's first request: before training
+            logger.log_hyperparams(config)
+
+
+def _log_new_params(name: str, node: dict[str, Any], logger: MLFlowLogger, config: dict[str, Any]) -> None:
+    """Into a (continued) MLflow run, the keys it has not logged; the changed ones named."""
+    with exit_on_config_error(), _store_answers(name, node, "MLflow"):  # its first request: before training
+        kept = logger.experiment.get_run(logger.run_id).data.params
+    flat = flatten(config, "/")  # as Lightning's loggers flatten it
+    changed = sorted(k for k, v in flat.items() if k in kept and kept[k] != str(v)[:250])
+    if changed:
+        rank_zero_info(
+            f"MLflow keeps the first attempt's values of {', '.join(changed[:5])}"
+            f"{' ...' if len(changed) > 5 else ''} (it does not change a logged param); this attempt's "
+            "are in the run folder's .hydra/config.yaml"
+        )
+    logger.log_hyperparams({k: v for k, v in flat.items() if k not in kept})
 
 
 @contextlib.contextmanager
