@@ -286,6 +286,14 @@ def test_a_monitor_no_callback_watches_and_nothing_logs_leaves_the_run_without_a
     assert result.score is None and "val/loss" in result.metrics
 
 
+def test_enable_progress_bar_false_leaves_the_configured_bar_out(train_cfg) -> None:
+    """Lightning refuses a progress bar among the callbacks of a trainer told to show none: the one the
+    callbacks group lists is left out instead (was a one-line refusal naming neither the key nor the fix)."""
+    result = train(train_cfg(*LIMIT, "curves=false", "trainer.enable_progress_bar=false"))
+    assert result.trainer.progress_bar_callback is None
+    assert "EarlyStopping" in {type(cb).__name__ for cb in result.trainer.callbacks}  # the rest as listed
+
+
 def test_profiler_debug_option_writes_a_report(train_cfg, run_dir: Path) -> None:
     train(
         train_cfg(

@@ -15,7 +15,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_object
 from hydra.utils import instantiate as _instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, LearningRateMonitor
+from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, LearningRateMonitor, ProgressBar
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
@@ -335,7 +335,7 @@ def callbacks(
     `resume=auto` looks (unless `trainer.enable_checkpointing=false`), the non-finite guard and ExactResume,
     which is given the run's identity (`ident`, taken from the config as composed, before `accel` resolved
     it), its data node, the model's arguments from the data and the model node, for each checkpoint."""
-    found: list[Callback] = _group(cfg.get("callbacks"), "callbacks")
+    found = _without_bar(_group(cfg.get("callbacks"), "callbacks"), cfg)
     if "seed" not in cfg:  # eval
         return found
     found = _without_idle(_with_checkpoints(found, cfg), cfg, has_logger)
@@ -344,6 +344,14 @@ def callbacks(
     facts = (ident or identity.of(cfg), data, list(from_data), plain_config(model) if model else None)
     for resume_ in (cb for cb in found if isinstance(cb, ExactResume)):
         resume_.identify(*facts)
+    return found
+
+
+def _without_bar(found: list[Callback], cfg: DictConfig) -> list[Callback]:
+    """Less the progress bar where `trainer.enable_progress_bar=false` (Lightning refuses a bar it was told
+    not to show)."""
+    if cfg.trainer.get("enable_progress_bar") is False:
+        return _without(found, ProgressBar, "trainer.enable_progress_bar=false: the progress bar")
     return found
 
 
