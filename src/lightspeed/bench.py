@@ -162,7 +162,16 @@ def _fmt(value: float | None, spec: str, unit: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{unit}"
 
 
-# radon C: one optional cell per measured figure: errors, ratios, memory kind, warm-up seconds
+def _memory_and_warmup(r: dict[str, Any]) -> tuple[str, str]:
+    """A row's peak memory (the device's where measured, else the process's) and its warm-up, in words."""
+    if r.get("peak_allocated_gib") is not None:
+        memory = f"{r['peak_allocated_gib']:.2f} GiB on device"
+    else:
+        memory = _fmt(r.get("peak_rss_gib"), ".2f", " GiB RSS")
+    seconds = f", {r['warmup_seconds']:.1f} s" if r.get("warmup_seconds") is not None else ""
+    return memory, f"{r['warmup_steps']} steps{seconds}"
+
+
 def write_markdown(rows: list[dict], skipped: list[str], header: str, path: Path) -> None:
     by_name = {r["name"]: r for r in rows if "error" not in r}
     base = by_name.get("off", {}).get("samples_per_s")
@@ -179,15 +188,8 @@ def write_markdown(rows: list[dict], skipped: list[str], header: str, path: Path
             continue
         sps = r["samples_per_s"]
         hand = by_name.get(HAND_OF.get(r["name"], ""), {}).get("samples_per_s")
-        memory = (
-            f"{r['peak_allocated_gib']:.2f} GiB on device"
-            if r.get("peak_allocated_gib") is not None
-            else _fmt(r.get("peak_rss_gib"), ".2f", " GiB RSS")
-        )
+        memory, warm = _memory_and_warmup(r)
         lo, hi = r.get("spread", (sps, sps))
-        warm = f"{r['warmup_steps']} steps" + (
-            f", {r['warmup_seconds']:.1f} s" if r.get("warmup_seconds") is not None else ""
-        )
         lines.append(
             f"| {r['name']} | {knobs} | {sps:,.0f} | {lo:,.0f}-{hi:,.0f} ({r.get('repeats', 1)}x) "
             f"| {_fmt(sps / base if base else None, '.2f', 'x')} "

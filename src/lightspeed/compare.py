@@ -38,7 +38,6 @@ def _summary(run_dir: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-# radon C: a row per run, a column per metric, each cell absent or formatted
 def table(runs: dict[str, dict[str, Any]]) -> Table:
     """One row a run: its monitored metric at the best checkpoint, its test metrics, steps and seconds."""
     names = {k for s in runs.values() for k in s.get("metrics", {})}
@@ -48,14 +47,19 @@ def table(runs: dict[str, dict[str, Any]]) -> Table:
         out.add_column(column, justify="left" if column in ("run", "monitor") else "right")
     for name, facts in runs.items():
         values = facts.get("metrics", {})
+        cells = [_figure(values.get(m)) for m in metrics]
         out.add_row(
             name,
             str(facts.get("monitor")),
-            *(f"{values[m]:.4f}" if isinstance(values.get(m), (int, float)) else "-" for m in metrics),
+            *cells,
             str(facts.get("global_step", "-")),
             str(facts.get("fit_seconds", "-")),
         )
     return out
+
+
+def _figure(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
 
 
 def chart(

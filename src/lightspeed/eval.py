@@ -144,7 +144,6 @@ PLACE_KEYS = tuple(
 )
 
 
-# radon C: the run's data: none stored, given on the command line, or merged with the stored one
 def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
     """Evaluate on the data the run was trained with: its data config, as saved in the checkpoint (as
     written: `${paths.data_dir}` resolves on this machine), with this machine's loader settings and any
@@ -164,14 +163,19 @@ def use_run_data(cfg: DictConfig, stored: dict[str, Any], ckpt: Path) -> bool:
         return True
     check_stored_data(run_data, ckpt, given)
     run_data = {k: v for k, v in run_data.items() if k != "mirrors"}
-    keep = {k: cfg.data[k] for k in LOADER_KNOBS if k in cfg.data}  # this machine's, from the accel preset
-    keep |= {
-        k: cfg.data[k] for k in PLACE_KEYS if k not in LOADER_KNOBS and f"data.{k}" in given and k in cfg.data
-    }
     with open_dict(cfg):
-        cfg.data = OmegaConf.merge(OmegaConf.create(run_data), keep)
+        cfg.data = OmegaConf.merge(OmegaConf.create(run_data), _machine_s(cfg.data, given))
     validate_common(cfg)
     return False
+
+
+def _machine_s(data: DictConfig, given: list[str]) -> dict[str, Any]:
+    """What of the data node is this machine's: the loader settings (the accel preset's), and where the data
+    is (`data.data_dir`, `data.mirrors`) where the command line gives it."""
+    keep = {k: data[k] for k in LOADER_KNOBS if k in data}
+    return keep | {
+        k: data[k] for k in PLACE_KEYS if k not in LOADER_KNOBS and f"data.{k}" in given and k in data
+    }
 
 
 def _say_which(cfg: DictConfig, run_data: dict[str, Any], given: list[str], ckpt: Path) -> bool:
@@ -220,7 +224,6 @@ def seen_in_training(dm: L.LightningDataModule, trained_on: torch.Tensor | None,
     return seen
 
 
-# radon C: names to compare; each missing or differing one said in its own wording
 def _check_fits(model: L.LightningModule, from_data: list[str] | None, dm: L.LightningDataModule) -> None:
     """The data gives what the checkpoint's model was built from (the arguments it names; from before they
     were named: `num_classes` and `input_shape`), alike where a structure (a shape, count, vocabulary size,
@@ -235,14 +238,18 @@ def _check_fits(model: L.LightningModule, from_data: list[str] | None, dm: L.Lig
             f"checkpoint's model ({type(model).__name__}) was built from: pass the data it was trained on "
             "(data=...)"
         )
-    pairs = [(k, model.hparams[k], build.plain(given[k])) for k in names if _structural(model.hparams[k])]
-    differs = [(k, trained, here) for k, trained, here in pairs if trained != here]
-    if differs:
-        said = "; ".join(f"{k} {trained} in training, {here} here" for k, trained, here in differs)
+    said = _structure_differences(model.hparams, given, names)
+    if said:
         raise ConfigError(
             f"the checkpoint's model does not fit data {type(dm).__name__} ({said}): pass the data it was "
             "trained on (data=...)"
         )
+
+
+def _structure_differences(trained: Any, given: dict[str, Any], names: list[str]) -> str:
+    """`<name> <in training> in training, <here> here` for each structural argument that differs."""
+    pairs = [(k, trained[k], build.plain(given[k])) for k in names if _structural(trained[k])]
+    return "; ".join(f"{k} {was} in training, {now} here" for k, was, now in pairs if was != now)
 
 
 def _structural(value: Any) -> bool:
@@ -269,24 +276,33 @@ def _check_classes(trained: list[str] | None, dm: L.LightningDataModule) -> list
     return list(trained) if trained is not None else None
 
 
-# radon C: dict or tensor batches, with or without class names and sample ids
 def _write_predictions(batches: list[Any], path: Path, class_names: list[str] | None = None) -> Path:
     """One row per sample, a column per entry of what `predict_step` returns (a dict of tensors, or one
     tensor: `pred`), in order; a row of numbers (a sequence's tokens) is one column of space-separated values.
     `target` and `pred` get the class names beside them where the run's data named its classes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    parts = [b if isinstance(b, dict) else {"pred": b} for b in batches]
-    columns = {k: torch.cat([p[k].reshape(len(p[k]), -1).cpu() for p in parts]) for k in (parts or [{}])[0]}
-    if class_names is not None:
-        for key in ("target", "pred"):
-            if key in columns and columns[key].shape[1] == 1 and not columns[key].is_floating_point():
-                columns[f"{key}_class"] = columns[key]
+    columns = _columns(batches, class_names is not None)
     rows = len(next(iter(columns.values()))) if columns else 0
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["index", *columns])
         writer.writerows([i, *(_cell(k, v[i], class_names) for k, v in columns.items())] for i in range(rows))
     return path
+
+
+def _columns(batches: list[Any], named: bool) -> dict[str, torch.Tensor]:
+    """Each entry of the batches' predictions over all samples, a row a sample; with class names (`named`),
+    `target_class` and `pred_class` beside the class indices."""
+    parts = [b if isinstance(b, dict) else {"pred": b} for b in batches]
+    columns = {k: torch.cat([p[k].reshape(len(p[k]), -1).cpu() for p in parts]) for k in (parts or [{}])[0]}
+    if named:
+        columns |= {f"{key}_class": columns[key] for key in ("target", "pred") if _labels(columns.get(key))}
+    return columns
+
+
+def _labels(column: torch.Tensor | None) -> bool:
+    """A column of one integer a sample: class indices, which the class names can say."""
+    return column is not None and column.shape[1] == 1 and not column.is_floating_point()
 
 
 def _cell(key: str, values: torch.Tensor, class_names: list[str] | None) -> str:

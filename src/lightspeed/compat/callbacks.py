@@ -191,7 +191,6 @@ class _WakingRefresh(rich_progress._RefreshThread):  # rich is a dependency: Lig
                 self.refresh_cond = False
 
 
-# radon C: guards; 3 path kinds
 def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
     """`state` with every path under its saved `dirpath` moved under `dirpath`, when the files are there
     (the folder was moved or copied)."""
@@ -210,12 +209,16 @@ def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
     found = [here(state.get(k)) for k in ("best_model_path", "last_model_path")]
     if not any(isinstance(f, str) and f and Path(f).exists() for f in found):  # a file, or a sharded folder
         return state  # not this folder's files (a new run fine-tuning from another's): Lightning's rules
-    state = dict(state, dirpath=dirpath)
+    return _with_paths(dict(state, dirpath=dirpath), here)
+
+
+def _with_paths(state: dict[str, Any], change: Any) -> dict[str, Any]:
+    """`state` with `change` applied to each path it names (its best, k-th best and last, the top k's)."""
     for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
         if key in state:
-            state[key] = here(state[key])
+            state[key] = change(state[key])
     if isinstance(state.get("best_k_models"), dict):
-        state["best_k_models"] = {here(k): v for k, v in state["best_k_models"].items()}
+        state["best_k_models"] = {change(k): v for k, v in state["best_k_models"].items()}
     return state
 
 

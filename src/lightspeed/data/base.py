@@ -331,7 +331,6 @@ class ArrayDataModule(L.LightningDataModule):
             rank_zero_info(note)
         return decision
 
-    # radon C: 3 loader kinds
     def _loader(self, split: str, shuffle: bool) -> DataLoader | DeviceLoader:
         rank, world = self._ranks()
         # The data order is the run's seed's, as for Lightning's DistributedSampler: equal on all ranks.
@@ -343,17 +342,7 @@ class ArrayDataModule(L.LightningDataModule):
                 self._device_splits[split] = tuple(t.to(self._device) for t in self.splits[split].tensors)
             x, y = self._device_splits[split]
             return DeviceLoader(x, y, self.batch_size, order, drop_last=shuffle and self.drop_last)
-        workers = self.num_workers
-        options: dict[str, Any] = {
-            "batch_size": self.batch_size,
-            "num_workers": workers,
-            "pin_memory": self.pin_memory,
-            "persistent_workers": self.persistent_workers and workers > 0,
-            "prefetch_factor": self.prefetch_factor if workers > 0 else None,
-            # Worker seeds come from this generator, not from the global RNG, which creating an iterator
-            # would otherwise advance: a resumed run must draw the same numbers as an uninterrupted one.
-            "generator": torch.Generator().manual_seed(order.seed + rank),
-        }
+        options = self._loader_options(order.seed + rank)
         # A batch is fetched whole (`__getitems__`): in-memory arrays with one indexing operation, not
         # sample by sample; files decoded together in one worker.
         dataset = self.splits[split]
@@ -367,6 +356,20 @@ class ArrayDataModule(L.LightningDataModule):
         sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
         whole = whole_batch if hasattr(batches, "__getitems__") else None  # else: your Dataset, per sample
         return DataLoader(batches, sampler=sampler if world > 1 else None, collate_fn=whole, **options)
+
+    def _loader_options(self, seed: int) -> dict[str, Any]:
+        """A DataLoader's settings: the loader knobs, and the generator its workers are seeded from (not the
+        global RNG, which creating an iterator would otherwise advance: a resumed run must draw the same
+        numbers as an uninterrupted one)."""
+        workers = self.num_workers
+        return {
+            "batch_size": self.batch_size,
+            "num_workers": workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers and workers > 0,
+            "prefetch_factor": self.prefetch_factor if workers > 0 else None,
+            "generator": torch.Generator().manual_seed(seed),
+        }
 
     def train_dataloader(self) -> DataLoader | DeviceLoader:
         # overfit_batches: the same batches every epoch

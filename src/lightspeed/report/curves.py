@@ -120,17 +120,26 @@ class CurvesLogger(Logger):
         rank_zero_warn(f"curves: not written ({err.strerror or err}); the run goes on without them")
 
 
-# radon C: the monitor's panel only when it is not a loss and has a training twin; filters per panel
 def panels(points: dict[str, Any], monitor: str | None) -> list[tuple[str, list[str]]]:
     """(title, metrics) of each panel: the losses, the monitored metric beside its training twin (when it
     is not a loss), the learning rates. Test metrics (one point) are left out."""
     keys = [k for k in points if not k.startswith("test/")]
-    found = [("loss", [k for k in keys if k.rsplit("/", 1)[-1] == "loss"])]
-    if monitor and monitor in points and monitor.rsplit("/", 1)[-1] != "loss":
-        twin = "train/" + monitor.split("/", 1)[-1]
-        found.append((monitor.split("/", 1)[-1], [monitor, *([twin] if twin in points else [])]))
-    found.append(("learning rate", [k for k in keys if k.startswith("lr-")]))
+    found = [
+        ("loss", [k for k in keys if k.rsplit("/", 1)[-1] == "loss"]),
+        _monitor_panel(monitor, points),
+        ("learning rate", [k for k in keys if k.startswith("lr-")]),
+    ]
     return [(title, names) for title, names in found if names]
+
+
+def _monitor_panel(monitor: str | None, points: dict[str, Any]) -> tuple[str, list[str]]:
+    """The monitored metric beside its training twin (val/acc with train/acc, where logged); none for a
+    loss (the loss panel has it) or a metric never logged."""
+    if not monitor or monitor not in points or monitor.rsplit("/", 1)[-1] == "loss":
+        return "", []
+    name = monitor.split("/", 1)[-1]
+    twin = f"train/{name}"
+    return name, [monitor, *([twin] if twin in points else [])]
 
 
 def draw(points: dict[str, list[list[float]]], path: Path, monitor: str | None) -> Path | None:

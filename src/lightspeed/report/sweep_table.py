@@ -29,7 +29,6 @@ def show(rows: list[dict[str, Any]], folder: Path) -> None:
     print(f"sweep table: {path}")
 
 
-# radon C: optional columns (monitor, metrics, failed jobs), each a filter
 def tabulate(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[str]]]:
     """The sweep's title (what all rows share), columns and cells: each row's varied overrides, its score (the
     best marked where every job has the same monitor) and every validation and test metric any job logged."""
@@ -37,21 +36,26 @@ def tabulate(rows: list[dict[str, Any]]) -> tuple[str, list[str], list[list[str]
     shared = [o for o in rows[0]["overrides"] if all(o in row["overrides"] for row in rows)]
     logged = sorted({k for row in rows for k in row["metrics"]}, key=lambda k: (k.startswith("test/"), k))
     score = f"{metric} ({mode}, best ckpt)" if metric else "score (its monitor, best ckpt)"
-    cells = [
-        [
-            " ".join(o for o in row["overrides"] if o not in shared) or "-",
-            row["run"],
-            row["status"],
-            _score(row, best, metric),
-            *(_cell(row["metrics"].get(k)) for k in logged),
-        ]
-        for row in rows
-    ]
+    cells = [_cells(row, shared, logged, best, metric) for row in rows]
     title = f"Lightspeed: sweep of {len(rows)} runs"
     title += (f", all with {' '.join(shared)}" if shared else "") + (
         " (* the best)" if best is not None else ""
     )
     return title, ["overrides", "run", "status", score, *logged], cells
+
+
+def _cells(
+    row: dict[str, Any], shared: list[str], logged: list[str], best: float | None, metric: str | None
+) -> list[str]:
+    """A job's row: the overrides it alone has, its run, status and score, each metric logged."""
+    varied = " ".join(o for o in row["overrides"] if o not in shared) or "-"
+    return [
+        varied,
+        row["run"],
+        row["status"],
+        _score(row, best, metric),
+        *(_cell(row["metrics"].get(k)) for k in logged),
+    ]
 
 
 def _judge(rows: list[dict[str, Any]]) -> tuple[str | None, str | None, float | None]:
