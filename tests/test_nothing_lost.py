@@ -832,6 +832,10 @@ BAD_INPUTS = [
         "monitor.metric=val/los (mode min, used by EarlyStopping) is not a metric the model logs: did you "
         "mean monitor.metric=val/loss?",
     ),
+    (
+        ["monitor.metric=val/los", "monitor.mode=min", "trainer.num_sanity_val_steps=0"],
+        "monitor.metric=val/los (mode min, used by EarlyStopping) is not a metric the model logs",
+    ),
     (["data.split_seed=abc"], "data.split_seed='abc' is invalid"),
     (["data.batch_size=100000"], "data.batch_size=100000 is larger than the 1258 training samples"),
     (["model.net.channels=[]"], "model.net.channels=[] is invalid"),

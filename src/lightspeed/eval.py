@@ -85,9 +85,9 @@ def _predict(
     """predict=true: predictions.csv; viz=true: the pictures (what each wrote, else None). On the test set
     where the DataModule has no predict_dataloader; nothing, in one line, where the module has no
     predict_step (Lightning's own calls the module on the whole batch, targets too: a traceback)."""
-    predict, found = bool(cfg.predict), viz.Intermediates() if cfg.get("viz") else None
     if not _predicts(cfg, model):
         return None, None
+    predict, found = bool(cfg.predict), viz.Intermediates() if cfg.get("viz") else None
     if found is not None:
         trainer.callbacks.append(found)
     with exit_on_config_error(), exit_on_failure(cfg, trainer):  # under torch.inference_mode

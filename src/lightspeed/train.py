@@ -129,6 +129,7 @@ class Run:
         self.cfg = copy.deepcopy(cfg)  # this run's: autos resolved, monitor settled, then read-only
         self._held = ExitStack()
         self._given: dict[str, Any] = {}
+        self._tracked = False  # an MLflow or W&B logger: their runs continued (run/tracking.py)
         self._node: DictConfig | None = None
         self._fit_s = 0.0
 
@@ -154,7 +155,8 @@ class Run:
             with writing_run_folder():  # its lock and run.json
                 self._held.enter_context(lock.held(run_dir))  # until the run ends, however
             idle = accel.resolve(cfg)
-            if build.tracks(cfg):  # MLflow or W&B: their code, only then
+            self._tracked = build.tracks(cfg)
+            if self._tracked:  # MLflow or W&B: their code, only then
                 from lightspeed.run import tracking
 
                 tracking.continue_runs(cfg)
@@ -189,7 +191,7 @@ class Run:
             accel.report_idle(list(plan.idle), accel.device_type(cfg))
         self.config = build.plain_config(cfg)
         summary.config_tree(self.config, plan.run_dir, show=cfg.get("print_config", True))
-        if build.tracks(cfg):
+        if self._tracked:
             from lightspeed.run import tracking
 
             tracking.log_config(self.config, trainer.loggers)

@@ -121,12 +121,13 @@ class ExactResume(MetricState, Preemption, RankSeed, RunIdentity):
     - each checkpoint holds the run's identity (auto-resume takes only this run's), every rank's random
       states (`seed + rank` from fit start: dropout and augmentation differ between ranks) and the epoch's
       metric states (`RunIdentity`, `RankSeed`, `MetricState`);
-    - a preemption signal saves `last.ckpt` at the next optimizer step and exits 128 + the signal
+    - a preemption signal saves `last.ckpt` at the next optimizer step and exits 128 + the signal (the
+      ranks Lightning launched: 0)
       (`Preemption`: `signals`, and under DDP the ranks agree every `check_every_n_steps` steps).
     Each part is a callback of its own too; every hook here calls each part's in that order."""
 
     def __init__(
-        self, seed: int = 0, signals: Sequence[str] = ("SIGTERM", "SIGUSR1"), check_every_n_steps: int = 10
+        self, seed: int, signals: Sequence[str] = ("SIGTERM", "SIGUSR1"), check_every_n_steps: int = 10
     ) -> None:
         MetricState.__init__(self)
         Preemption.__init__(self, signals, check_every_n_steps)

@@ -29,7 +29,7 @@ class RankSeed(L.Callback):
     iterator is made, and for a mid-epoch resume again in `on_train_start`, before the first batch is
     augmented (Lightning skips `on_train_epoch_start` mid-epoch)."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int) -> None:
         self.seed = seed
         self._rng_pending: dict[str, Any] | None = None
         self._started = False

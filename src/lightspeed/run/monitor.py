@@ -129,6 +129,12 @@ class ChecksMonitor:
             self._check_logged(trainer)
         super().on_sanity_check_end(trainer, pl_module)  # type: ignore[misc]
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Without a sanity check (trainer.num_sanity_val_steps=0): at the first validation."""
+        if self.monitor and not trainer.sanity_checking and not self.monitor.startswith("train"):
+            self._check_logged(trainer)
+        super().on_validation_end(trainer, pl_module)  # type: ignore[misc]
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.monitor and (
             self.monitor.startswith("train") or not is_overridden("validation_step", pl_module)

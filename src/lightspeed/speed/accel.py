@@ -123,8 +123,10 @@ def _resolve_optimizer_impl(cfg: DictConfig, device: str) -> list[str]:
     impl = str(cfg.get("accel", {}).get("optimizer_impl", "torch"))
     opt = _named_optimizer(cfg)
     if impl == "torch" or opt is None:
-        named = impl in ("torch", "auto") or "model" not in cfg  # eval builds no optimizer
-        return [] if named else [f"accel.optimizer_impl={impl} (model.optimizer names no torch.optim class)"]
+        unasked = impl in ("torch", "auto") or "model" not in cfg  # eval builds no optimizer
+        return (
+            [] if unasked else [f"accel.optimizer_impl={impl} (model.optimizer names no torch.optim class)"]
+        )
     opt_cls = getattr(torch.optim, str(opt.name), None)
     params = set(inspect.signature(opt_cls).parameters) if isinstance(opt_cls, type) else set()
     if impl != "auto":
