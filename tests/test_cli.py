@@ -51,7 +51,7 @@ def test_a_mistyped_key_is_named_with_the_fix(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("args", [[], ["model=mlp", "~callbacks.lr_monitor"], ["trainer.max_epochs=3"]])
+@pytest.mark.parametrize("args", [[], ["model=mlp", "~callbacks.early_stopping"], ["trainer.max_epochs=3"]])
 def test_hydra_composes_a_run_as_often_as_a_bare_hydra_app(
     monkeypatch, tmp_path: Path, args: list[str]
 ) -> None:

@@ -14,16 +14,18 @@ from lightspeed.report.curves import CURVES_FILE, PICTURE_FILE, load, panels
 from lightspeed.train import train
 from probes import Fault
 
+LR = "callbacks=[default,lr_monitor]"  # the learning rate: an option beside the default callbacks
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_run_preempted_and_resumed_draws_one_curve_from_step_0(train_cfg, run_dir: Path) -> None:
     with pytest.raises(SystemExit):
-        train(train_cfg(*TINY, "logger=none", "curves=true"), [Fault("sigterm", step=7)])
+        train(train_cfg(*TINY, "logger=none", "curves=true", LR), [Fault("sigterm", step=7)])
     first = load(run_dir)
     assert max(s for s, _ in first["train/loss"]) == 6  # logged every step until the signal
     train(
-        train_cfg(*TINY, "logger=none", "curves=true")
+        train_cfg(*TINY, "logger=none", "curves=true", LR)
     )  # resumes at step 7 (no other logger: the picture still comes)
     points = load(run_dir)
     steps = [s for s, _ in points["train/loss"]]

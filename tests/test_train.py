@@ -254,7 +254,6 @@ def test_a_default_run_has_the_callbacks_conf_lists_and_prints_the_model_summary
     assert names == [
         "EarlyStopping",
         "ProgressBar",
-        "LearningRateMonitor",
         "SpeedReport",
         "NonFiniteGuard",
         "ExactResume",

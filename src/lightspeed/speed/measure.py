@@ -24,7 +24,6 @@ RUN = [
     "++callbacks.model_checkpoint=null",
     "++callbacks.early_stopping=null",
     "++callbacks.rich_progress_bar=null",
-    "++callbacks.lr_monitor=null",
     "++trainer.enable_progress_bar=false",
     "++trainer.enable_checkpointing=false",
     "++callbacks.speed_report._target_=lightspeed.callbacks.SpeedReport",
