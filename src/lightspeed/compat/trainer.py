@@ -13,19 +13,6 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torchmetrics import Metric
 
 
-def precisions() -> tuple[str | int, ...]:
-    """Every `precision` Lightning's Trainer accepts (its names, and the legacy 16, 32, 64, "bf16")."""
-    from typing import get_args
-
-    from lightning.fabric.plugins.precision import precision as p
-
-    return (
-        get_args(p._PRECISION_INPUT_STR)
-        + get_args(p._PRECISION_INPUT_INT)
-        + get_args(p._PRECISION_INPUT_STR_ALIAS)
-    )
-
-
 def unified_precision(value: str | int) -> str:
     """Lightning's own name for a precision it accepts (16: 16-mixed, "bf16": bf16-mixed, 32: 32-true)."""
     from lightning.fabric.connector import _convert_precision_to_unified_args

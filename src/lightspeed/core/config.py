@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -115,6 +114,14 @@ def validate_train(cfg: DictConfig) -> None:
             f"{nodes} --node-rank <r> --rdzv-endpoint <host>:<port> -m lightspeed.train ...`, or `sbatch "
             "scripts/slurm/train.sbatch ...` (docs/scale.md)"
         )
+    strategy = _get(cfg, "trainer.strategy")
+    target = strategy.get("_target_") if isinstance(strategy, DictConfig) else strategy
+    on_cpu = _get(cfg, "trainer.accelerator") == "cpu"
+    if on_cpu and isinstance(target, str) and re.search(r"(^|\.)(fsdp|FSDPStrategy)", target):  # fails late
+        raise ConfigError(
+            "trainer=fsdp needs GPUs (Lightning 2.6 refuses FSDP on a CPU): on a CPU use trainer=ddp_cpu, "
+            "with trainer.strategy._target_=lightspeed.resilience.sharded.DDPStrategy for sharded checkpoints"
+        )
     ckpt = cfg.get("ckpt_path")
     if ckpt is not None:
         check_checkpoint_path(Path(str(ckpt)), "or ckpt_path=null")
@@ -190,8 +197,6 @@ def validate_common(cfg: DictConfig) -> None:
             f"data.val_fraction={val} + data.test_fraction={test} leaves no training data: "
             "keep their sum below 1"
         )
-    _validate_strategy(cfg)
-    validate_devices(cfg)
     validate_writable(cfg)
 
 
@@ -203,55 +208,6 @@ def validate_writable(cfg: DictConfig) -> None:
         raise ConfigError(
             f"paths.log_dir={folder} cannot be written ({existing} is not a writable folder): "
             "choose a folder you can write to, e.g. paths.log_dir=$HOME/lightspeed-logs"
-        )
-
-
-def _validate_strategy(cfg: DictConfig) -> None:
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    strategy = OmegaConf.select(cfg, "trainer.strategy", default="auto")
-    if isinstance(strategy, str) and strategy not in ("auto", *StrategyRegistry.available_strategies()):
-        raise ConfigError(
-            f"trainer.strategy={strategy} is not a Lightning strategy: use auto, ddp, ddp_spawn, fsdp, "
-            "deepspeed or another name in lightning.pytorch.strategies.StrategyRegistry (or trainer=ddp)"
-        )
-    target = strategy.get("_target_") if isinstance(strategy, DictConfig) else None
-    fsdp = (isinstance(strategy, str) and strategy.startswith("fsdp")) or (
-        isinstance(target, str) and target.rsplit(".", 1)[-1] == "FSDPStrategy"
-    )
-    if fsdp and OmegaConf.select(cfg, "trainer.accelerator", default="auto") == "cpu":
-        raise ConfigError(
-            "trainer=fsdp needs GPUs (Lightning 2.6 refuses FSDP on a CPU): on a CPU use trainer=ddp_cpu, "
-            "with trainer.strategy._target_=lightspeed.resilience.sharded.DDPStrategy for sharded checkpoints"
-        )
-
-
-def validate_devices(cfg: DictConfig) -> None:
-    """Never fall back to the CPU when a GPU was asked for; never ask for more devices than exist."""
-    accelerator = str(_get(cfg, "trainer.accelerator") or "auto")
-    devices = _get(cfg, "trainer.devices")
-    if accelerator in ("gpu", "cuda"):
-        _check_gpus(accelerator, devices)
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if on_cpu and devices is not None and not re.fullmatch(r"auto|-?\d+", str(devices)):
-        raise ConfigError(
-            f"trainer.devices={devices} lists device indices, but this run is on the CPU: use a count of "
-            "processes (trainer.devices=1; trainer=ddp_cpu for two)"
-        )
-
-
-def _check_gpus(accelerator: str, devices: Any) -> None:
-    """A CUDA GPU that torch sees, and at least `devices` of them."""
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            f"trainer.accelerator={accelerator} but torch sees no CUDA GPU "
-            f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}): "
-            "check `nvidia-smi` and install a CUDA build of torch, or train on the CPU with trainer=cpu"
-        )
-    available = torch.cuda.device_count()
-    if is_int(devices) and devices > available:
-        raise ConfigError(
-            f"trainer.devices={devices} but only {available} GPU(s) are visible: use at most {available}"
         )
 
 

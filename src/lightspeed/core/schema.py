@@ -17,8 +17,6 @@ from typing import Any
 
 import torch
 
-from lightspeed.compat.trainer import precisions
-
 #: `Key.added`'s default: the key was there from the first release.
 ORIGINAL = object()
 
@@ -46,13 +44,6 @@ def is_number(v: Any) -> bool:
 
 def is_finite(v: Any) -> bool:
     return is_number(v) and math.isfinite(v)
-
-
-def _device_list(v: Any) -> bool:
-    """`[0, 1]`, or Lightning's string form `"0,1"`."""
-    if isinstance(v, str):
-        return re.fullmatch(r"\d+(,\d+)*,?", v) is not None
-    return isinstance(v, Sequence) and len(v) > 0 and all(is_int(i) and i >= 0 for i in v)
 
 
 def _one_of(*allowed: str) -> tuple[Callable[[Any], bool], str]:
@@ -123,10 +114,6 @@ SCHEMA: dict[str, Key] = {
         "a fraction of an epoch in (0, 1], a number of batches >= 1, a time, or null",
         added=None,
     ),
-    "trainer.devices": Key(
-        lambda v: v in ("auto", -1) or (is_int(v) and v >= 1) or _device_list(v),
-        "a count >= 1, -1 for all, auto, or a list of device indices like [0, 1]",
-    ),
     "callbacks.model_checkpoint.save_top_k": Key(*_int_at_least(-1, " (-1: keep every checkpoint)")),
     "monitor.metric": Key(
         lambda v: v is None or (isinstance(v, str) and v != ""), "a metric's name, or null"
@@ -137,17 +124,11 @@ SCHEMA: dict[str, Key] = {
     "run_name": Key(*FOLDER_NAME, identity=False, folder=True),
     "task_name": Key(*FOLDER_NAME, folder=True),
     "resume": Key(*_one_of("auto", "never"), identity=False),
-    "trainer.precision": Key(
-        lambda v: v == "auto" or v in precisions(),
-        "auto or " + ", ".join(dict.fromkeys(map(str, precisions()))),
-    ),
-    "trainer.accelerator": Key(*_one_of("auto", "cpu", "gpu", "cuda", "mps")),
     "trainer.max_epochs": Key(
         lambda v: v is None or (is_int(v) and (v >= 1 or v == -1)), "an integer >= 1 (or -1 for no limit)"
     ),
     "trainer.max_steps": Key(*_int_at_least(-1, " (or -1 for no limit)"), added=-1),
     "trainer.accumulate_grad_batches": Key(*_int_at_least(1)),
-    "trainer.benchmark": Key(lambda v: v in ("auto", None) or isinstance(v, bool), "auto, true or false"),
     "trainer.deterministic": Key(
         lambda v: v is None or isinstance(v, bool) or v == "warn", "true, false or warn"
     ),
@@ -208,22 +189,14 @@ SCHEMA: dict[str, Key] = {
         "a number of batches >= 0, or a fraction of them from 0 to 1",
         added=0.0,
     ),
-    "trainer.limit_train_batches": Key(*_BATCHES, added=1.0),
-    "trainer.limit_val_batches": Key(*_BATCHES, added=1.0),
-    "trainer.limit_test_batches": Key(*_BATCHES, added=1.0),
-    "trainer.profiler": Key(
-        lambda v: (
-            v is None
-            or v in ("simple", "advanced", "pytorch", "xla")
-            or (isinstance(v, Mapping) and "_target_" in v)
-        ),
+    "trainer.profiler": Key(  # Lightning takes a bool here, then fails in fit
+        lambda v: v is None or isinstance(v, str) or (isinstance(v, Mapping) and "_target_" in v),
         "null, simple, advanced or pytorch, or a profiler's node with _target_",
         added=None,
     ),
-    "trainer.strategy": Key(
-        lambda v: (isinstance(v, str) and v != "") or (isinstance(v, Mapping) and "_target_" in v),
-        "a strategy's name (auto, ddp, ...) or its node with _target_",
-    ),
+    "trainer.limit_train_batches": Key(*_BATCHES, added=1.0),
+    "trainer.limit_val_batches": Key(*_BATCHES, added=1.0),
+    "trainer.limit_test_batches": Key(*_BATCHES, added=1.0),
     "shards.chunk_bytes": Key(
         lambda v: (
             (is_int(v) and v > 0)

@@ -56,25 +56,63 @@ def instantiate(
             cause = cause.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        line = _refused_setting(err, cause, where, explain)
+        line = _refused_setting(err, cause, node, where, explain)
         if line is None:
             raise
         raise ConfigError(line) from None
 
 
 def _refused_setting(
-    err: Exception, cause: BaseException | None, where: str, explain: Callable[[str], str | None] | None
+    err: Exception,
+    cause: BaseException | None,
+    node: Any,
+    where: str,
+    explain: Callable[[str], str | None] | None,
 ) -> str | None:
-    """The line for a constructor that refused its settings (or Hydra that refused the node: no constructor
-    ran); None for an error of the code itself."""
+    """The line for a constructor that refused its settings (Lightning's or the class's own check, reworded
+    here where it is raised, naming the key), or for Hydra that refused the node (no constructor ran); None
+    for an error of the code itself."""
     if cause is None:
         return f"{where}: {first_line(err).rstrip('.')}"
+    first = first_line(cause).rstrip(".")
     binding = isinstance(cause, TypeError) and _BINDING.search(str(cause))
-    if not (isinstance(cause, (MisconfigurationException, ImportError)) or binding):
+    refusal = isinstance(cause, (ValueError, TypeError, RuntimeError, MisconfigurationException))
+    key = _key_named(first, node) if refusal and not binding else None
+    if key is not None:
+        return f"{where}.{key}={_short(node.get(key))}: {first}: {_fix(where, key, node)}"
+    lightning = refusal and where == "trainer"  # Lightning's constructor: what it raises is a refusal
+    if not (isinstance(cause, (MisconfigurationException, ImportError)) or binding or lightning):
         return None
-    first = first_line(cause)
     said = explain(first) if binding and explain is not None else None
-    return said or f"{where}: {first.rstrip('.')} (a setting under {where} is invalid)"
+    return said or f"{where}: {first} (a setting under {where} is invalid)"
+
+
+def _key_named(line: str, node: Any) -> str | None:
+    """The key of `node` that a refusal names (`strategy='x'`, "Precision 15 is invalid"), the first named;
+    else the one whose value it quotes ("No supported gpu backend"); None where it names none."""
+    if not OmegaConf.is_dict(node):
+        return None
+    keys = [str(k) for k in node if not str(k).startswith("_")]
+
+    def said(word: str) -> re.Match[str] | None:
+        return re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}(?![A-Za-z0-9])", line, re.IGNORECASE)
+
+    named = sorted((m.start(), k) for k in keys if (m := said(k)))
+    if named:
+        return named[0][1]
+    values = {k: node.get(k) for k in keys}
+    return next((k for k, v in values.items() if isinstance(v, str) and len(v) > 2 and said(v)), None)
+
+
+def _fix(where: str, key: str, node: Any) -> str:
+    """What to do about a refused key: for a GPU that torch does not see, how to get one or run without."""
+    asked_gpu = where == "trainer" and str(node.get("accelerator")) in ("gpu", "cuda")
+    if asked_gpu and key in ("accelerator", "devices") and not torch.cuda.is_available():
+        return (
+            f"torch sees no CUDA GPU (torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}): "
+            "check `nvidia-smi` and install a CUDA build of torch, or train on the CPU with trainer=cpu"
+        )
+    return f"change {where}.{key}"
 
 
 def _node(cfg: DictConfig, group: str, kind: str) -> DictConfig:

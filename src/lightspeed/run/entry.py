@@ -46,10 +46,9 @@ from lightspeed.core.config import (
 from lightspeed.core.failures import process_group_released
 from lightspeed.core.files import write_text_atomically
 from lightspeed.core.logs import route_to_run_log
-from lightspeed.resilience import lock
-from lightspeed.resilience.identity import register_resolver
+from lightspeed.resilience import identity, lock
 
-register_resolver()
+identity.register_resolver()
 
 
 def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable[[], None]:
@@ -151,15 +150,17 @@ def keep_hydra_files() -> None:
 
 
 def _undo_refused_start(folder: Path, job: str) -> None:
-    """Remove a run folder Hydra made for this run if it holds only Hydra's files (`.hydra/`, the log); in
-    one that was there (another run's), put back the `.hydra/` files this run's start wrote over."""
+    """Remove a run folder Hydra made for this run if it holds only what a start writes (`.hydra/`, the log,
+    the lock and run.json: a setting refused as the trainer was built); in one that was there (another
+    run's), put back the `.hydra/` files this run's start wrote over."""
     for path, data in _HYDRA_FILES.pop(folder.resolve(), {}).items():
         write_text_atomically(path, data)
-    ours = {folder / ".hydra", folder / f"{job}.log"}
+    ours = {folder / ".hydra", folder / f"{job}.log", folder / lock.LOCK_FILE, folder / identity.RECORD_FILE}
     if folder.resolve() not in _NEW_FOLDERS or not set(folder.iterdir()) <= ours:
         return
     shutil.rmtree(folder / ".hydra", ignore_errors=True)
-    (folder / f"{job}.log").unlink(missing_ok=True)
+    for name in ours - {folder / ".hydra"}:
+        name.unlink(missing_ok=True)
     folder.rmdir()
 
 

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.compat.trainer import unified_precision
-from lightspeed.core.config import first_line
+from lightspeed.core.config import ConfigError, first_line
 from lightspeed.core.device import can_flush, cpu_count, skip_repeated_cuda_probe, thread_modes
 from lightspeed.core.schema import SCHEMA
 
@@ -76,7 +76,10 @@ def _resolve_trainer(trainer: DictConfig, device: str) -> list[str]:
     if trainer.get("precision") == "auto":
         trainer.precision = auto_precision(device)
     elif trainer.get("precision") is not None:  # Lightning's legacy 16, 32, "bf16": its own names
-        trainer.precision = unified_precision(trainer.precision)
+        try:
+            trainer.precision = unified_precision(trainer.precision)
+        except ValueError as err:  # Lightning's refusal, which lists the names it takes
+            raise ConfigError(f"trainer.precision={trainer.precision!r}: {first_line(err)}") from None
     if trainer.get("benchmark") == "auto":
         trainer.benchmark = device == "cuda" and not trainer.get("deterministic")
     elif trainer.get("benchmark") is True and device != "cuda":
