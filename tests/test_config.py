@@ -129,7 +129,34 @@ def test_values_lightning_refuses_are_its_line_naming_the_key(
 ) -> None:
     """Lightning's own checks, reworded where they are raised (not pre-empted): one line naming the key,
     before any training."""
-    assert re.match(rf"error: {key}=\S+: ", refused(train_cfg(override), capsys))
+    assert re.match(rf"error: {key}=\S+( is invalid)?: ", refused(train_cfg(override), capsys))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["trainer=cpu", "trainer.enable_progress_bar=maybe"],  # Lightning would take it, as true
+            "trainer.enable_progress_bar=maybe is invalid: lightning.pytorch.Trainer takes "
+            "enable_progress_bar: Optional[bool]",
+        ),
+        (
+            ["experiment=sort_gpt", "model.net.n_embd=abc"],  # a nested _target_
+            "model.net.n_embd=abc is invalid: lightspeed.models.gpt.GPT takes n_embd: int",
+        ),
+        (
+            ["callbacks.speed_report.data_wait_warn=abc"],  # would fail as the fit ends
+            "callbacks.speed_report.data_wait_warn=abc is invalid: lightspeed.callbacks.SpeedReport takes "
+            "data_wait_warn: float",
+        ),
+    ],
+)
+def test_a_value_that_its_constructors_annotation_refuses_is_one_line_before_anything_is_built(
+    train_cfg, capsys, overrides: list[str], line: str
+) -> None:
+    """The types live on the constructor: each `_target_` node's values are checked against the annotations
+    of the parameters they go to (OmegaConf's structured-config check), before it is built."""
+    assert refused(train_cfg(*overrides), capsys).startswith(f"error: {line} (")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")

@@ -800,8 +800,8 @@ BAD_INPUTS = [
     ),
     (["ckpt_path=/dev/zero"], "ckpt_path=/dev/zero is not a regular file (a fifo, a device)"),
     (["trainer.max_epoch=3"], "trainer.max_epoch is not a setting: did you mean trainer.max_epochs?"),
-    (["trainer.devices=abc"], "trainer.devices='abc' is invalid"),
-    (["trainer.devices=1.5"], "trainer.devices=1.5 is invalid"),
+    (["trainer.devices=abc"], "trainer.devices=abc: `devices` selected with `CPUAccelerator`"),  # Lightning's
+    (["trainer.devices=1.5"], "trainer.devices=1.5: `devices` selected with `CPUAccelerator`"),
     (["model.net.dropout=1.5"], "model.net.dropout=1.5 is invalid"),
     (["foo=bar"], "foo is not a setting (the top level has"),
     (["trainer.max_steps=-5"], "trainer.max_steps=-5 is invalid"),

@@ -15,6 +15,7 @@ from omegaconf import open_dict
 
 from conftest import LIMIT, TINY
 from lightspeed.core.device import gpu_model, math_mode, peak_flops
+from lightspeed.speed import accel
 from lightspeed.speed.report import SPEED_FILE, SpeedReport
 from lightspeed.train import train
 
@@ -441,6 +442,7 @@ def test_the_user_s_module_is_built_as_written_with_no_hook_or_class_of_ours(tra
     from lightspeed.run import build
 
     cfg = train_cfg("model=mlp")
+    accel.resolve(cfg)  # the loader's autos, as a run resolves them
     model = build.model(cfg, build.datamodule(cfg)).eval()  # dropout off: copies compute alike
     assert type(model) is Classifier
     assert not {*TRAINING, *EVALUATION} & set(vars(model)), "a hook was set on the user's module"

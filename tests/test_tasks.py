@@ -72,9 +72,12 @@ def test_tabular_inputs_are_standardised_per_feature(train_cfg) -> None:
     """The diabetes features are in unrelated units (age in years, blood pressure in mm Hg): each is
     standardised by its own train statistics; one mean and std for all (`true`) leaves them far apart."""
     from lightspeed.run import build
+    from lightspeed.speed import accel
 
     def train_split(normalize: str) -> torch.Tensor:
-        dm = build.datamodule(train_cfg("data=diabetes", f"data.normalize={normalize}"))
+        cfg = train_cfg("data=diabetes", f"data.normalize={normalize}")
+        accel.resolve(cfg)  # the loader's autos, as a run resolves them
+        dm = build.datamodule(cfg)
         dm.setup("fit")
         return dm.splits["train"].tensors[0]
 

@@ -69,6 +69,7 @@ def fits(data: str, model: str, log_dir: Path, prepare: Prepare | None = None) -
     from lightspeed.core.config import ConfigError
     from lightspeed.run import build
     from lightspeed.run.entry import compose_config
+    from lightspeed.speed import accel
 
     cfg = compose_config("train", [f"data={data}", f"model={model}"], log_dir)
     if prepare is not None:
@@ -78,6 +79,7 @@ def fits(data: str, model: str, log_dir: Path, prepare: Prepare | None = None) -
             prepare(cfg, log_dir)
         except pytest.skip.Exception:  # a data set that needs an extra not installed here: no partner
             return False
+    accel.resolve(cfg)  # the loader's autos, as a run resolves them before building
     try:
         build.model(cfg, build.datamodule(cfg))
     except (ConfigError, InstantiationException):  # not for this data: its constructor says why

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import json
 import os
 import re
 import sys
@@ -114,17 +113,22 @@ def validate_train(cfg: DictConfig) -> None:
             f"{nodes} --node-rank <r> --rdzv-endpoint <host>:<port> -m lightspeed.train ...`, or `sbatch "
             "scripts/slurm/train.sbatch ...` (docs/scale.md)"
         )
+    _refuse_fsdp_on_cpu(cfg)
+    ckpt = cfg.get("ckpt_path")
+    if ckpt is not None:
+        check_checkpoint_path(Path(str(ckpt)), "or ckpt_path=null")
+
+
+def _refuse_fsdp_on_cpu(cfg: DictConfig) -> None:
+    """FSDP's strategy node passes the Trainer's checks on a CPU and fails in the fit: refused first."""
     strategy = _get(cfg, "trainer.strategy")
     target = strategy.get("_target_") if isinstance(strategy, DictConfig) else strategy
     on_cpu = _get(cfg, "trainer.accelerator") == "cpu"
-    if on_cpu and isinstance(target, str) and re.search(r"(^|\.)(fsdp|FSDPStrategy)", target):  # fails late
+    if on_cpu and isinstance(target, str) and re.search(r"(^|\.)(fsdp|FSDPStrategy)", target):
         raise ConfigError(
             "trainer=fsdp needs GPUs (Lightning 2.6 refuses FSDP on a CPU): on a CPU use trainer=ddp_cpu, "
             "with trainer.strategy._target_=lightspeed.resilience.sharded.DDPStrategy for sharded checkpoints"
         )
-    ckpt = cfg.get("ckpt_path")
-    if ckpt is not None:
-        check_checkpoint_path(Path(str(ckpt)), "or ckpt_path=null")
 
 
 #: What a launcher of several machines sets (torchrun, SLURM, LSF, Kubeflow, or by hand as Lightning's
@@ -353,42 +357,6 @@ def _expanded(node: Any, sizes: dict[int, int]) -> int:
         items = [c for pair in children for c in pair] if isinstance(node, yaml.MappingNode) else children
         sizes[id(node)] = 1 + sum(_expanded(c, sizes) for c in items)
     return sizes[id(node)]
-
-
-def check_type(key: str, value: Any, default: Any) -> None:
-    """An override has its default's type (`entry._Defaults`) or passes its `schema.SCHEMA` check; a null or
-    `auto` default has no type; null turns a key off; an interpolation is checked at its target."""
-    if isinstance(value, str) and value.startswith("${"):
-        return
-    if key in SCHEMA and SCHEMA[key].check is not None:
-        check_rule(key, value)
-    elif isinstance(value, dict) and isinstance(default, dict):
-        for name, inner in value.items():
-            check_type(f"{key}.{name}", inner, default.get(name))
-    else:
-        _check_kind(key, value, default)
-
-
-def _check_kind(key: str, value: Any, default: Any) -> None:
-    """`value` is of its default's kind (a bool is no number; an int is a float's kind too); a null or `auto`
-    default has no kind, and null turns a key off."""
-    if default is None or default == "auto" or value is None:
-        return
-    types, said = next((t, s) for t, s in _KINDS if isinstance(default, t))
-    types = (int, float) if types is float else types
-    if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):
-        raise ConfigError(f"{key}={value!r} is invalid: use {said} (its default is {json.dumps(default)})")
-
-
-#: A default's type and how a line says it (bool before int: a bool is an int).
-_KINDS = (
-    (bool, "true or false"),
-    (int, "an integer"),
-    (float, "a number"),
-    (str, "a string"),
-    (list, "a list"),
-    (dict, "a mapping"),
-)
 
 
 def check_rule(key: str, value: Any) -> None:

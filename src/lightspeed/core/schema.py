@@ -1,6 +1,7 @@
-"""The config's one schema: a record per key that Lightspeed knows more of than its default's type says
-(docs/engine.md); every consumer reads its facts from here, no key is named in a second table. A key without
-a record is checked against its default's type (`config.check_type`).
+"""The config's one schema: a record per key that Lightspeed knows more of than a type says (docs/engine.md);
+every consumer reads its facts from here, no key is named in a second table. A value that goes to a
+constructor is also checked against its parameter's annotation (`build.check_arguments`); what Lightning
+itself checks as its Trainer is built has no record here (its error is reworded where it is raised).
 
 Why records of our own, not Hydra structured configs or pydantic: the config's groups are open (a
 project's models and data sets bring keys the engine cannot type), a range or a choice is more than a
@@ -25,7 +26,7 @@ ORIGINAL = object()
 class Key:
     """What Lightspeed knows of one key. A key (or a whole subtree) absent from a config is not checked."""
 
-    check: Callable[[Any], bool] | None = None  # None: any value its default's type allows
+    check: Callable[[Any], bool] | None = None  # None: any value (its constructor's annotation allows)
     allowed: str = ""  # what `check` accepts, in words: the fix the one-line error names
     identity: bool = True  # False: where a run lives, how it starts, is watched or fed, not what it computes
     added: Any = ORIGINAL  # added after runs existed: at this value left out of the identity (older runs)
@@ -114,6 +115,7 @@ SCHEMA: dict[str, Key] = {
         "a fraction of an epoch in (0, 1], a number of batches >= 1, a time, or null",
         added=None,
     ),
+    "callbacks.model_checkpoint.dirpath": Key(*_or_null(_named("a folder"))),
     "callbacks.model_checkpoint.save_top_k": Key(*_int_at_least(-1, " (-1: keep every checkpoint)")),
     "monitor.metric": Key(
         lambda v: v is None or (isinstance(v, str) and v != ""), "a metric's name, or null"
@@ -211,9 +213,9 @@ SCHEMA: dict[str, Key] = {
     "hydra": Key(identity=False),
     "paths": Key(identity=False),
     "ckpt_path": Key(identity=False),
-    "test_after_fit": Key(identity=False),
-    "print_config": Key(identity=False),
-    "curves": Key(identity=False),
+    "test_after_fit": Key(*_BOOL, identity=False),
+    "print_config": Key(*_BOOL, identity=False),
+    "curves": Key(*_BOOL, identity=False),
     "logger": Key(identity=False),
     "data.data_dir": Key(identity=False),
     "data.mirrors": Key(identity=False),

@@ -31,7 +31,7 @@ class Classifier(L.LightningModule):
         self,
         net: dict[str, Any],
         optimizer: dict[str, Any],
-        scheduler: dict[str, Any],
+        scheduler: dict[str, Any] | None,
         num_classes: int,
         input_shape: Sequence[int],
     ) -> None:

@@ -31,7 +31,7 @@ class NextTokenModel(L.LightningModule):
         self,
         net: dict[str, Any],
         optimizer: dict[str, Any],
-        scheduler: dict[str, Any],
+        scheduler: dict[str, Any] | None,
         vocab_size: int,
         block_size: int,
     ) -> None:

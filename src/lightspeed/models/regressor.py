@@ -30,7 +30,7 @@ class Regressor(L.LightningModule):
         self,
         net: dict[str, Any],
         optimizer: dict[str, Any],
-        scheduler: dict[str, Any],
+        scheduler: dict[str, Any] | None,
         input_shape: Sequence[int],
         num_targets: int,
         target_mean: Sequence[float],

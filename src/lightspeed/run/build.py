@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import re
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +20,8 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, LearningRateMonitor, ProgressBar
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from lightspeed import CONF_DIR
 from lightspeed.compat import hooks
@@ -47,7 +50,7 @@ def instantiate(
     may word those, or return None); a ConfigError passes through, other errors keep their traceback. The
     `_target_` is found first (`_import`), so a name that is no class is one line too."""
     if OmegaConf.is_config(node) and "_target_" in node:
-        _import(node, where)
+        check_arguments(node, where)
     try:
         return _instantiate(node, **kwargs)
     except InstantiationException as err:
@@ -62,6 +65,56 @@ def instantiate(
         raise ConfigError(line) from None
 
 
+def check_arguments(node: DictConfig, where: str) -> None:
+    """The node's values (and those of the `_target_` nodes in it) against the annotations of the
+    parameters they go to, checked by OmegaConf as a structured config: the types live on the constructor.
+    A value that does not fit is one line before anything is built; what OmegaConf cannot type is left to
+    the constructor."""
+    target = _import(node, where)
+    for key, value in node.items():
+        if OmegaConf.is_dict(value) and "_target_" in value:
+            check_arguments(value, f"{where}.{key}")
+    hints = _annotations(target)
+    keys = [str(k) for k in node if k in hints]
+    fields = [(k, _typed(hints[k]), dataclasses.field(default=MISSING)) for k in keys]
+    try:
+        OmegaConf.merge(
+            OmegaConf.structured(dataclasses.make_dataclass("Args", fields)), {k: node[k] for k in keys}
+        )
+    except ValidationError as err:
+        key = str(err.full_key)
+        raise ConfigError(
+            f"{where}.{key}={_short(node[key])} is invalid: {node._target_} takes {key}: "
+            f"{_said(hints[key])} ({first_line(err)})"
+        ) from None
+
+
+def _annotations(target: Any) -> dict[str, Any]:
+    """The annotated parameters of a class's constructor or of a function; none where they cannot be read
+    (an annotation naming what is not importable, no signature)."""
+    try:
+        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+        params = inspect.signature(target).parameters
+    except (NameError, TypeError, ValueError):
+        return {}
+    return {k: hint for k, hint in hints.items() if k in params}
+
+
+def _typed(hint: Any) -> Any:
+    """`hint` where OmegaConf can check a value against it, else Any."""
+    try:
+        OmegaConf.structured(
+            dataclasses.make_dataclass("Hint", [("x", hint, dataclasses.field(default=MISSING))])
+        )
+    except OmegaConfBaseException:
+        return Any
+    return hint
+
+
+def _said(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
 def _refused_setting(
     err: Exception,
     cause: BaseException | None,
@@ -69,39 +122,45 @@ def _refused_setting(
     where: str,
     explain: Callable[[str], str | None] | None,
 ) -> str | None:
-    """The line for a constructor that refused its settings (Lightning's or the class's own check, reworded
-    here where it is raised, naming the key), or for Hydra that refused the node (no constructor ran); None
-    for an error of the code itself."""
+    """The line for a constructor that refused its settings, or for Hydra that refused the node (no
+    constructor ran); None for an error of the code itself."""
     if cause is None:
         return f"{where}: {first_line(err).rstrip('.')}"
     first = first_line(cause).rstrip(".")
-    binding = isinstance(cause, TypeError) and _BINDING.search(str(cause))
-    refusal = isinstance(cause, (ValueError, TypeError, RuntimeError, MisconfigurationException))
-    key = _key_named(first, node) if refusal and not binding else None
+    if isinstance(cause, TypeError) and _BINDING.search(str(cause)):  # keys the constructor does not take
+        said = explain(first) if explain is not None else None
+        return said or f"{where}: {first} (a setting under {where} is invalid)"
+    return _refusal(cause, first, node, where)
+
+
+def _refusal(cause: BaseException, first: str, node: Any, where: str) -> str | None:
+    """Lightning's or a class's own check, reworded here where it is raised: the key its line names (or
+    whose value it quotes); where it names none, the node, for Lightning's Trainer (what its constructor
+    raises is a refusal) and a MisconfigurationException; else None."""
+    if not isinstance(cause, (ValueError, TypeError, RuntimeError, MisconfigurationException, ImportError)):
+        return None
+    key = _key_named(first, node)
     if key is not None:
         return f"{where}.{key}={_short(node.get(key))}: {first}: {_fix(where, key, node)}"
-    lightning = refusal and where == "trainer"  # Lightning's constructor: what it raises is a refusal
-    if not (isinstance(cause, (MisconfigurationException, ImportError)) or binding or lightning):
-        return None
-    said = explain(first) if binding and explain is not None else None
-    return said or f"{where}: {first} (a setting under {where} is invalid)"
+    if isinstance(cause, (MisconfigurationException, ImportError)) or where == "trainer":
+        return f"{where}: {first} (a setting under {where} is invalid)"
+    return None
 
 
 def _key_named(line: str, node: Any) -> str | None:
-    """The key of `node` that a refusal names (`strategy='x'`, "Precision 15 is invalid"), the first named;
-    else the one whose value it quotes ("No supported gpu backend"); None where it names none."""
-    if not OmegaConf.is_dict(node):
+    """The key of `node` that a refusal names first (`strategy='x'`, "Precision 15 is invalid"), else the
+    one whose value it quotes ("No supported gpu backend"); None where it names none."""
+    keys = [str(k) for k in node if not str(k).startswith("_")] if OmegaConf.is_dict(node) else []
+    named = sorted((m.start(), k) for k in keys if (m := _in_line(k, line)))
+    quoted = [k for k in keys if _in_line(node.get(k), line)]
+    return next(iter([k for _, k in named] + quoted), None)
+
+
+def _in_line(word: Any, line: str) -> re.Match[str] | None:
+    """Where `word`, a string of 2 characters or more, stands as a word of `line` (any case)."""
+    if not isinstance(word, str) or len(word) < 2:
         return None
-    keys = [str(k) for k in node if not str(k).startswith("_")]
-
-    def said(word: str) -> re.Match[str] | None:
-        return re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}(?![A-Za-z0-9])", line, re.IGNORECASE)
-
-    named = sorted((m.start(), k) for k in keys if (m := said(k)))
-    if named:
-        return named[0][1]
-    values = {k: node.get(k) for k in keys}
-    return next((k for k, v in values.items() if isinstance(v, str) and len(v) > 2 and said(v)), None)
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}(?![A-Za-z0-9])", line, re.IGNORECASE)
 
 
 def _fix(where: str, key: str, node: Any) -> str:

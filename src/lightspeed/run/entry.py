@@ -32,7 +32,6 @@ from lightspeed.core.config import (
     check_folder_names,
     check_group_choices,
     check_known_keys,
-    check_type,
     check_yaml_sizes,
     config_dirs,
     exit_on_config_error,
@@ -171,7 +170,9 @@ class _Refused(BaseException):
 
 class Checks(Callback):
     """Checks the composed config before Hydra makes the run's folder (hydra/default.yaml): folder names
-    (each sweep job's), added top-level keys, and command-line values against their defaults' types."""
+    (each sweep job's) and added top-level keys. Values are checked where they are used: the engine's rules
+    (`schema.SCHEMA`) as a command starts, a constructor's arguments against its annotations as it is built
+    (`build.instantiate`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check(config)
@@ -189,80 +190,16 @@ def _check(config: DictConfig) -> None:
     try:
         check_folder_names(config)
         check_known_keys(config, str(config.hydra.job.config_name))
-        defaults = _Defaults(config)
         for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
             key = override.key_or_group
-            if override.is_sweep_override():  # its value is checked by each job; its folder names here
-                for value in override.sweep_string_iterator() if key in FOLDER_KEYS else ():
+            if override.is_sweep_override() and key in FOLDER_KEYS:  # each job's folder name, here
+                for value in override.sweep_string_iterator():
                     job = copy.deepcopy(config)
                     with read_write(job), open_dict(job):
                         OmegaConf.update(job, key, value)
                     check_folder_names(job)
-                continue
-            if override.is_delete() or key.startswith("hydra") or is_group(key):
-                continue  # an option is a file Hydra found
-            value = OmegaConf.select(config, key, default=None, throw_on_resolution_failure=False)
-            check_type(key, plain(value), defaults.get(key))
     except Exception as err:
         raise _Refused(str(err)) from err
-
-
-class _Defaults:
-    """A key's default as the chosen options' files say it (experiment, its group's option, the primary
-    config), read as plain yaml rather than composed again: the type a command-line value keeps."""
-
-    def __init__(self, config: DictConfig) -> None:
-        runtime = config.hydra.runtime
-        self.folders = [f for s in runtime.config_sources if (f := _source_folder(s)) is not None]
-        self.choices = {k: v for k, v in runtime.choices.items() if v is not None and "/" not in k}
-        self.primary = f"{config.hydra.job.config_name}.yaml"
-
-    def _load(self, name: str) -> tuple[Any, bool]:
-        """The first file `name` of the search path as written, and whether its keys are full keys (its
-        package is `_global_`); (None, False) where there is none."""
-        for folder in self.folders:
-            if (folder / name).is_file():
-                text = (folder / name).read_text()
-                return plain(OmegaConf.create(text)), text.lstrip().startswith("# @package _global_")
-        return None, False
-
-    def _options(self, group: str, option: str) -> list[str]:
-        """`group/option.yaml`, then the options of its group that its defaults list names (trainer/cpu.yaml
-        builds on trainer/default.yaml): where a key it does not set has its default."""
-        names, todo = [], [option]
-        while todo and len(names) < 20:
-            names.append(f"{group}/{todo.pop(0)}.yaml")
-            found, _ = self._load(names[-1])
-            entries = found.get("defaults") if isinstance(found, dict) else None
-            todo += [e for e in entries or [] if isinstance(e, str) and e != "_self_" and "/" not in e]
-        return names
-
-    def get(self, key: str) -> Any:
-        """The default of `key`, or None where no file sets it (an added key: no type to keep)."""
-        group, _, rest = key.partition(".")
-        names = [f"experiment/{self.choices['experiment']}.yaml"] if "experiment" in self.choices else []
-        names += self._options(group, self.choices[group]) if group in self.choices and rest else []
-        for name in [*names, self.primary]:
-            found, is_global = self._load(name)
-            in_group = name.startswith(f"{group}/") and not is_global
-            for part in (rest if in_group else key).split("."):
-                found = found.get(part, _ABSENT) if isinstance(found, dict) else _ABSENT
-            if found is not _ABSENT:
-                return found
-        return None
-
-
-_ABSENT = object()
-
-
-def _source_folder(source: Any) -> Path | None:
-    """A folder of Hydra's search path: a `file://` one, or the package a `pkg://` one names."""
-    if source.schema == "file":
-        return Path(source.path)
-    if source.schema != "pkg":
-        return None
-    spec = importlib.util.find_spec(source.path.replace("/", "."))
-    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
 
 
 #: Flags that take a value: the value is not an override.

@@ -43,9 +43,9 @@ def _discover(name: Any = None) -> None:
     """Import the file of this folder named `name` (where a net is registered under its file's name), else
     every file: a run imports only the net it uses."""
     files = [info.name for info in pkgutil.iter_modules(__path__)]
-    if name in files:
+    if isinstance(name, str) and name in files:
         importlib.import_module(f"{__name__}.{name}")
-    if name not in NETS:  # registered under another name than its file's, or unknown: every file
+    if not isinstance(name, str) or name not in NETS:  # registered under another name, or unknown: every file
         for file in files:
             importlib.import_module(f"{__name__}.{file}")
 
@@ -79,7 +79,7 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
     else:
         name = kwargs.pop("name", None)
         _discover(name)
-        if name not in NETS:
+        if not isinstance(name, str) or name not in NETS:
             _discover()  # registered under another name than its file's, or unknown
             known = ", ".join(sorted(NETS))
             raise ConfigError(
