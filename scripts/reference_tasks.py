@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 from lightspeed.run import build
 from lightspeed.run.entry import compose_config
+from lightspeed.speed import accel
 from lightspeed.train import train
 
 QUIET = [
@@ -44,6 +45,7 @@ def regression(
     from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
 
     cfg = compose_config("train", ["experiment=diabetes_mlp", f"data.split_seed={split_seed}"], out / "sk")
+    accel.resolve(cfg)  # the loader's autos, as a run resolves them
     dm = build.datamodule(cfg)
     dm.setup("fit")
     (x, y), (xt, yt) = (dm.splits[s].tensors for s in ("train", "test"))
@@ -69,7 +71,7 @@ def regression(
 
 def transformer(out: Path) -> dict[str, dict[str, Any]]:
     """experiment=sort_gpt through Lightspeed, and its module trained by the plain loop for as many steps."""
-    from lightspeed.speed import accel, handloop
+    from lightspeed.speed import handloop
 
     result = train(compose_config("train", ["experiment=sort_gpt", *QUIET], out / "sort_gpt"))
     steps = result.trainer.global_step

@@ -324,3 +324,34 @@ def test_a_killed_program_s_exit_code_says_what_killed_it(code: int, meaning: st
     assert proc.stderr.startswith(f"make: python -m lightspeed.train exited with {code}: {meaning}"), (
         proc.stderr
     )
+
+
+def test_a_rerun_refused_before_its_fit_leaves_the_runs_files_as_they_were(tmp_path: Path) -> None:
+    """A setting refused as the run is planned (a constructor's annotation) puts back the `.hydra/` files
+    that its start wrote over in the folder of the run it would have continued."""
+    args = ["debug=fdr", "run_name=k", "test_after_fit=false", f"paths.log_dir={tmp_path}"]
+    assert run_module("lightspeed.train", *args, cwd=tmp_path).returncode == 0
+    files = sorted((tmp_path / "train" / "runs" / "k" / ".hydra").iterdir())
+    before = [p.read_bytes() for p in files]
+    proc = run_module("lightspeed.train", *args, "trainer.enable_model_summary=abc", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert one_line_error(proc).startswith("error: trainer.enable_model_summary=abc is invalid")
+    assert [p.read_bytes() for p in files] == before
+
+
+def test_a_refused_start_removes_a_lock_only_where_it_took_it(tmp_path: Path) -> None:
+    """Two starts of one new run: the one refused because the other holds the lock leaves that lock (and the
+    other's run.json) alone; a start that took the lock itself and was refused removes its folder."""
+    from lightspeed.resilience import identity, lock
+    from lightspeed.run import entry
+
+    folder = tmp_path / "run"
+    (folder / ".hydra").mkdir(parents=True)
+    for name in (lock.LOCK_FILE, identity.RECORD_FILE):
+        (folder / name).write_text("{}")
+    entry._NEW_FOLDERS.add(folder.resolve())
+    entry._undo_refused_start(folder, "train")
+    assert (folder / lock.LOCK_FILE).is_file() and (folder / identity.RECORD_FILE).is_file()
+    lock.TAKEN.add(folder.resolve())
+    entry._undo_refused_start(folder, "train")
+    assert not folder.exists()

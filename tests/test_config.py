@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,11 @@ def test_values_lightning_refuses_are_its_line_naming_the_key(
             "model.net.n_embd=abc is invalid: lightspeed.models.gpt.GPT takes n_embd: int",
         ),
         (
+            ["trainer.enable_checkpointing=no"],  # OmegaConf reads "no" as false; the Trainer gets the string
+            "trainer.enable_checkpointing=no is invalid: lightning.pytorch.Trainer takes "
+            "enable_checkpointing: Optional[bool]",
+        ),
+        (
             ["callbacks.speed_report.data_wait_warn=abc"],  # would fail as the fit ends
             "callbacks.speed_report.data_wait_warn=abc is invalid: lightspeed.callbacks.SpeedReport takes "
             "data_wait_warn: float",
@@ -157,6 +163,62 @@ def test_a_value_that_its_constructors_annotation_refuses_is_one_line_before_any
     """The types live on the constructor: each `_target_` node's values are checked against the annotations
     of the parameters they go to (OmegaConf's structured-config check), before it is built."""
     assert refused(train_cfg(*overrides), capsys).startswith(f"error: {line} (")
+
+
+@dataclass
+class Theme:
+    colour: str = "red"
+
+
+class Thing:
+    """A constructor in a common idiom: a `None` default without Optional, a dataclass argument."""
+
+    def __init__(self, weights: str = None, theme: Theme | None = None, sizes: list[int] = (1,)) -> None:  # noqa: RUF013
+        self.weights, self.theme, self.sizes = weights, theme, sizes
+
+
+@pytest.mark.parametrize(
+    ("values", "refused_key"),
+    [
+        ({"weights": None}, None),  # a None default makes it optional, as Python reads it
+        ({"theme": {"_target_": "test_config.Theme", "colour": "blue"}}, None),  # a node that builds it
+        ({"sizes": [1, 2]}, None),
+        ({"sizes": [1, "a"]}, "sizes"),  # inside a list: the parameter is named
+        ({"weights": 3}, None),  # a number where a string goes: OmegaConf's str takes it
+    ],
+)
+def test_the_annotation_check_takes_what_the_constructor_takes(values: dict, refused_key: str | None) -> None:
+    from lightspeed.run.build import check_arguments
+
+    node = OmegaConf.create({"thing": {"_target_": "test_config.Thing", **values}}).thing
+    if refused_key is None:
+        check_arguments(node, "thing")
+    else:
+        with pytest.raises(
+            ConfigError, match=rf"^thing\.{refused_key}=.* is invalid: test_config.Thing takes"
+        ):
+            check_arguments(node, "thing")
+
+
+def test_lightning_refusing_more_gpus_than_visible_names_trainer_devices_and_a_bug_keeps_its_traceback() -> (
+    None
+):
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from lightspeed.run.build import _refusal
+
+    node = OmegaConf.create({"trainer": {"accelerator": "gpu", "devices": 4}}).trainer
+    said = "You requested gpu: [0, 1, 2, 3]\n But your machine only has: [0]"
+    line = _refusal(MisconfigurationException(said), said.splitlines()[0], node, "trainer")
+    assert (
+        line is not None
+        and line.startswith("trainer.devices=4: You requested gpu")
+        and "only has: [0]" in line
+    )
+    try:  # a bug of code of the user's own that the Trainer's node builds (its strategy): not a setting
+        sorted(None)  # type: ignore[call-overload]
+    except TypeError as bug:
+        assert _refusal(bug, str(bug), node, "trainer") is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
@@ -190,6 +252,19 @@ def test_eval_checks_the_shared_settings_too(eval_cfg) -> None:
 
     with pytest.raises(ConfigError, match=r"^data\.batch_size=0 is invalid"):
         validate_common(eval_cfg("data.batch_size=0"))
+    with pytest.raises(ConfigError, match=r"^predict='maybe' is invalid: use true or false"):
+        validate_common(eval_cfg("predict=maybe"))
+
+
+@pytest.mark.parametrize(
+    ("override", "key"), [("tolerance=abc", "tolerance"), ("check_batch=x", "check_batch")]
+)
+def test_export_checks_its_own_settings(tmp_path: Path, override: str, key: str) -> None:
+    from lightspeed.core.config import validate_common
+    from lightspeed.run.entry import compose_config
+
+    with pytest.raises(ConfigError, match=rf"^{key}='\w+' is invalid: use"):
+        validate_common(compose_config("export", [override], tmp_path))
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from conftest import TINY
 from lightspeed.core.config import ConfigError
@@ -402,19 +403,21 @@ def test_a_project_s_own_models_and_data_may_be_named_by_a_checkpoint_and_nothin
     assert not _repository_class("torch.nn.Linear", prefixes)
 
 
-def test_only_the_model_class_s_own_binding_error_is_said_as_the_data_s(train_cfg) -> None:
-    """A TypeError from a layer the module builds (torch.nn.Linear missing out_features) is a setting of
-    conf/model (None: the generic line), not something the data should give."""
+def test_only_the_model_class_s_own_missing_arguments_are_said_as_the_data_s(train_cfg) -> None:
+    """The module's own required parameters that neither conf/model nor the data gives are found from its
+    signature before it is built, and said as the data's; a layer it builds (torch.nn.Linear missing
+    out_features) fails as it is built, a setting of conf/model (the generic line)."""
     from lightspeed.data import DigitsDataModule
-    from lightspeed.run.build import _unfit
+    from lightspeed.models.classifier import Classifier
+    from lightspeed.run.build import _missing, _unfit
 
-    cfg, dm, given = train_cfg(), DigitsDataModule(), {"num_classes": 10, "input_shape": [1, 8, 8]}
-    layer = "Linear.__init__() missing 1 required positional argument: 'out_features'"
-    assert _unfit(layer, cfg, dm, given) is None
-    own = "Classifier.__init__() missing 1 required positional argument: 'num_classes'"
-    assert "(Classifier) is built from num_classes, which data=digits (DigitsDataModule) does not" in _unfit(
-        own, cfg, dm, {"input_shape": [1, 8, 8]}
-    )
+    cfg, dm = train_cfg(), DigitsDataModule()
+    own = OmegaConf.to_container(cfg.model)
+    assert _missing(Classifier, cfg.model) == ["num_classes", "input_shape"]  # what model_args() gives
+    assert _missing(Classifier, OmegaConf.create({**own, "num_classes": 10, "input_shape": [1]})) == []
+    assert _missing(Classifier, OmegaConf.create({**own, "_args_": [0, 0, 0, 0]})) == ["input_shape"]
+    line = _unfit(["num_classes"], cfg, dm, {"input_shape": [1, 8, 8]}, Classifier)
+    assert "(Classifier) is built from num_classes, which data=digits (DigitsDataModule) does not" in line
 
 
 def test_a_class_that_cannot_be_imported_is_one_line_saying_why(train_cfg, capsys) -> None:

@@ -20,7 +20,7 @@ from lightspeed.core.summary import CONFIG_TREE_FILE, SUMMARY_FILE
 from lightspeed.eval import run as evaluate
 from lightspeed.models.classifier import Classifier
 from lightspeed.run.restore import find_checkpoint
-from lightspeed.train import train
+from lightspeed.train import instantiate, train
 from probes import AutocastProbe
 
 QUIET = [o for o in TINY if o not in LIMIT]  # TINY without its 2 epochs of a few batches
@@ -455,9 +455,11 @@ def test_the_plan_is_decided_once_and_the_config_is_read_only_until_the_run_ends
         }  # Lightning's; the data's
         assert resolved["trainer"]["precision"] == "32-true" and resolved["data"]["pin_memory"] is False
         assert resolved["model"]["optimizer"]["fused"] is True  # accel.optimizer_impl=auto, on a CPU
-        dm = run.datamodule()
-        model = run.model(dm)
-        trainer = run.trainer()
+        dm = instantiate(run.cfg.data)
+        model = instantiate(run.model_node(dm))
+        trainer = instantiate(
+            run.cfg.trainer, callbacks=run.callbacks(), logger=run.loggers(), plugins=run.plugins()
+        )
         run.fit(trainer, model, dm)
         run.finish(trainer, model, dm)  # every step ran on the read-only config
     assert OmegaConf.to_container(cfg) == OmegaConf.to_container(train_cfg(*args))  # untouched by the run

@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, exit_on_config_error, first_line
+from lightspeed.core.config import ConfigError, exit_on_config_error, first_line, validate_common
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.resilience.identity import DATA_CONFIG_KEY
 from lightspeed.run import build
@@ -144,6 +144,7 @@ def _onnx(
 def run(cfg: DictConfig) -> dict[str, Any]:
     silence_known_noise()
     with exit_on_config_error():
+        validate_common(cfg)  # check_batch and tolerance among them
         ckpt, stored, model = load_module(cfg)
         if model.example_input_array is None:
             model.example_input_array = _first_test_inputs(cfg, stored.get(DATA_CONFIG_KEY), ckpt)

@@ -18,6 +18,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -121,8 +122,9 @@ class Plan:
 
 
 class Run:
-    """One training run of `cfg`, in the steps `train` below (and a project's `train.py`, docs/engine.md)
-    takes; each step says a bad setting in one line (ConfigError); the lock is held until the block ends."""
+    """One training run of `cfg`, as `train` below (and a project's `train.py`, docs/engine.md) builds it:
+    the plan, what the Trainer and the module are built with, the fit and its summary. A bad setting in the
+    block (a ConfigError) is one line and exit 2; the lock is held until the block ends."""
 
     def __init__(self, cfg: DictConfig) -> None:
         self.composed = cfg  # as Hydra composed it: left as it is (a sweep's next job, the caller's own use)
@@ -131,9 +133,11 @@ class Run:
         self._given: dict[str, Any] = {}
         self._tracked = False  # an MLflow or W&B logger: their runs continued (run/tracking.py)
         self._node: DictConfig | None = None
+        self._loggers: list[Logger] | None = None
         self._fit_s = 0.0
 
     def __enter__(self) -> Run:
+        self._held.enter_context(exit_on_config_error())
         try:
             self.plan = self._plan()
         except BaseException:
@@ -155,6 +159,7 @@ class Run:
             with writing_run_folder():  # its lock and run.json
                 self._held.enter_context(lock.held(run_dir))  # until the run ends, however
             idle = accel.resolve(cfg)
+            build.check_nodes(cfg)  # each constructor's annotations, before the folder's files are this run's
             self._tracked = build.tracks(cfg)
             if self._tracked:  # MLflow or W&B: their code, only then
                 from lightspeed.run import tracking
@@ -162,46 +167,62 @@ class Run:
                 tracking.continue_runs(cfg)
             with writing_run_folder():
                 resume_from, resumed = resume.start(cfg, ident)
-        keep_hydra_files()  # started in its folder: a later one-line error does not put back the old ones
+            with open_dict(cfg):
+                for knob in build.untaken_knobs(cfg):  # a DataModule that makes its own loaders
+                    del cfg.data[knob]
+            self.config = build.plain_config(cfg)
         OmegaConf.set_readonly(cfg, True)
         accel.apply_to_torch(cfg)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         metric = (cfg.monitor.metric, cfg.monitor.mode) if "monitor" in cfg else None
         return Plan(ident, run_dir, metric, resume_from, resumed, tuple(idle))
 
-    def __exit__(self, *exc: object) -> None:
-        self._held.close()
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._held.__exit__(*exc)  # a ConfigError in the block: one line, exit 2; the lock released
 
-    def datamodule(self) -> L.LightningDataModule:
-        with exit_on_config_error():
-            return build.datamodule(self.cfg)
+    def model_node(self, dm: L.LightningDataModule) -> DictConfig:
+        """`run.cfg.model` with what the module takes of the data's `model_args()` added (its nested
+        `_target_`s' too), checked against the data (the arguments it needs, the inputs its net takes):
+        what the checkpoints keep as what rebuilds the module."""
+        self._given = build.from_data(self.cfg, dm)
+        self._node = build.model_node(self.cfg, self._given)
+        build.check_model(self.cfg, dm, self._given, self._node)
+        return self._node
 
-    def model(self, dm: L.LightningDataModule) -> L.LightningModule:
-        with exit_on_config_error():
-            self._given = build.from_data(self.cfg, dm)
-            self._node = build.model_node(self.cfg, self._given)
-            model = build.model(self.cfg, dm, self._given, self._node)
-            accel.apply_to_model(self.cfg, model)
-        return model
+    def callbacks(self, extra: Sequence[L.Callback] = ()) -> list[L.Callback]:
+        """conf/callbacks' (with what every training run keeps: checkpoints, the non-finite guard and
+        ExactResume, given the run's identity and the model's node), then `extra`."""
+        has_logger = bool(self.loggers())
+        ident, given = self.plan.ident, sorted(self._given)
+        return [*build.trainer_callbacks(self.cfg, has_logger, ident, given, self._node), *extra]
 
-    def trainer(self, callbacks: Sequence[L.Callback] = ()) -> L.Trainer:
-        cfg, plan = self.cfg, self.plan
-        with exit_on_config_error():
-            trainer = build.trainer(cfg, callbacks, plan.ident, sorted(self._given), self._node)
-            accel.report_idle(list(plan.idle), accel.device_type(cfg))
-        self.config = build.plain_config(cfg)
-        summary.config_tree(self.config, plan.run_dir, show=cfg.get("print_config", True))
-        if self._tracked:
-            from lightspeed.run import tracking
+    def loggers(self) -> list[Logger] | bool:
+        """conf/logger's (MLflow's and W&B's continuing this folder's tracked run), each given the resolved
+        config as hyperparameters; False for none (Lightning's default logger stays off)."""
+        if self._loggers is None:
+            self._loggers = build.trainer_loggers(self.cfg)
+            if self._tracked:
+                from lightspeed.run import tracking
 
-            tracking.log_config(self.config, trainer.loggers)
-            tracking.remember(cfg, trainer.loggers)
-        else:
-            for logger in trainer.loggers:
-                logger.log_hyperparams(self.config)
-        return trainer
+                tracking.log_config(self.config, self._loggers)
+                tracking.remember(self.cfg, self._loggers)
+            else:
+                for logger in self._loggers:
+                    logger.log_hyperparams(self.config)
+        return self._loggers or False
+
+    def plugins(self) -> list[Any]:
+        """The trainer's own plugins, and checkpoints written whole or not at all."""
+        return build.plugins(self.cfg)
 
     def fit(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> None:
+        """`trainer.fit`, from the checkpoint the plan resumes; first the accel preset applied to the module
+        (channels_last, torch.compile) and the config printed and kept beside the run."""
+        with exit_on_config_error():
+            accel.apply_to_model(self.cfg, model)
+            accel.report_idle(list(self.plan.idle), accel.device_type(self.cfg))
+        keep_hydra_files()  # started in its folder: a later one-line error does not put back the old ones
+        summary.config_tree(self.config, self.plan.run_dir, show=self.cfg.get("print_config", True))
         start = time.perf_counter()
         try:  # weights_only: a checkpoint can only hold plain data; loading it never runs code
             with (
@@ -297,12 +318,24 @@ class Run:
         return metrics | {f"{k}@best": v for k, v in best_metrics.items()}
 
 
+def instantiate(node: DictConfig, **kwargs: Any) -> Any:
+    """Hydra's `instantiate` of a node of the run's config, its containers passed as plain data; a setting
+    its constructor refuses is one line naming the key (`build.instantiate`)."""
+    return build.instantiate(node, build.where(node), _convert_="all", **kwargs)
+
+
 def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> TrainResult:
-    """Train as `cfg` says, with `extra_callbacks` beside the configured ones (for programmatic use)."""
+    """Train as `cfg` says, with `extra_callbacks` beside the configured ones (for programmatic use); the
+    steps a project's train.py shows."""
     with Run(cfg) as run:
-        dm = run.datamodule()
-        model = run.model(dm)
-        trainer = run.trainer(extra_callbacks)
+        dm = instantiate(run.cfg.data)
+        model = instantiate(run.model_node(dm))
+        trainer = instantiate(
+            run.cfg.trainer,
+            callbacks=run.callbacks(extra_callbacks),
+            logger=run.loggers(),
+            plugins=run.plugins(),
+        )
         run.fit(trainer, model, dm)
         return run.finish(trainer, model, dm)
 

@@ -124,7 +124,7 @@ def _refuse_fsdp_on_cpu(cfg: DictConfig) -> None:
     strategy = _get(cfg, "trainer.strategy")
     target = strategy.get("_target_") if isinstance(strategy, DictConfig) else strategy
     on_cpu = _get(cfg, "trainer.accelerator") == "cpu"
-    if on_cpu and isinstance(target, str) and re.search(r"(^|\.)(fsdp|FSDPStrategy)", target):
+    if on_cpu and isinstance(target, str) and re.fullmatch(r"fsdp\w*|.*\.FSDPStrategy", target):
         raise ConfigError(
             "trainer=fsdp needs GPUs (Lightning 2.6 refuses FSDP on a CPU): on a CPU use trainer=ddp_cpu, "
             "with trainer.strategy._target_=lightspeed.resilience.sharded.DDPStrategy for sharded checkpoints"

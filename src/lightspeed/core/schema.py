@@ -210,6 +210,10 @@ SCHEMA: dict[str, Key] = {
         lambda v: isinstance(v, Sequence) and all(s in _SIGNALS for s in v),
         "a list of " + ", ".join(_SIGNALS),
     ),
+    "predict": Key(*_BOOL, identity=False),  # eval's
+    "viz": Key(*_BOOL, identity=False),
+    "check_batch": Key(*_int_at_least(1)),  # export's
+    "tolerance": Key(*_NON_NEGATIVE),
     "hydra": Key(identity=False),
     "paths": Key(identity=False),
     "ckpt_path": Key(identity=False),

@@ -25,6 +25,8 @@ except ImportError:  # Windows: no flock; runs are not locked there
     fcntl = None  # type: ignore[assignment]
 
 LOCK_FILE = ".lock"
+#: The run folders whose lock this process took (a refused start may then remove its lock file).
+TAKEN: set[Path] = set()
 
 
 @contextmanager
@@ -36,6 +38,7 @@ def held(run_dir: Path) -> Iterator[None]:
         yield
         return
     handle = acquire(run_dir)
+    TAKEN.add(run_dir.resolve())
     try:
         yield
     finally:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import os
 import re
+import traceback
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -21,7 +23,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, Lea
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException, ValidationError
+from omegaconf.errors import OmegaConfBaseException
 
 from lightspeed import CONF_DIR
 from lightspeed.compat import hooks
@@ -42,13 +44,10 @@ _BINDING = re.compile(
 )
 
 
-def instantiate(
-    node: Any, where: str, explain: Callable[[str], str | None] | None = None, **kwargs: Any
-) -> Any:
-    """Hydra's instantiate, with a refused setting in one line naming the config node `where` (Lightning's
-    MisconfigurationException, or keys the constructor does not take: `explain`, given the TypeError's line,
-    may word those, or return None); a ConfigError passes through, other errors keep their traceback. The
-    `_target_` is found first (`_import`), so a name that is no class is one line too."""
+def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
+    """Hydra's instantiate, with a refused setting in one line naming the config node `where` (and the key
+    where the refusal names one); a ConfigError passes through, other errors keep their traceback. The
+    node's values are checked against its constructor's annotations first (`check_arguments`)."""
     if OmegaConf.is_config(node) and "_target_" in node:
         check_arguments(node, where)
     try:
@@ -59,10 +58,15 @@ def instantiate(
             cause = cause.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        line = _refused_setting(err, cause, node, where, explain)
+        line = _refused_setting(err, cause, node, where)
         if line is None:
             raise
         raise ConfigError(line) from None
+
+
+def where(node: DictConfig) -> str:
+    """The dotted key of a node of a config (`model.net`), as its one-line errors name it."""
+    return str(node._get_full_key(None)) or "the config"  # OmegaConf's own, not public
 
 
 def check_arguments(node: DictConfig, where: str) -> None:
@@ -75,33 +79,55 @@ def check_arguments(node: DictConfig, where: str) -> None:
         if OmegaConf.is_dict(value) and "_target_" in value:
             check_arguments(value, f"{where}.{key}")
     hints = _annotations(target)
-    keys = [str(k) for k in node if k in hints]
-    fields = [(k, _typed(hints[k]), dataclasses.field(default=MISSING)) for k in keys]
-    try:
-        OmegaConf.merge(
-            OmegaConf.structured(dataclasses.make_dataclass("Args", fields)), {k: node[k] for k in keys}
-        )
-    except ValidationError as err:
-        key = str(err.full_key)
+    values = {str(k): node[k] for k in node if k in hints}
+    misfit = _misfit(values, hints)
+    if misfit is not None:
+        key, why = misfit
         raise ConfigError(
-            f"{where}.{key}={_short(node[key])} is invalid: {node._target_} takes {key}: "
-            f"{_said(hints[key])} ({first_line(err)})"
-        ) from None
+            f"{where}.{key}={_short(values.get(key))} is invalid: {node._target_} takes {key}: "
+            f"{_said(hints.get(key))} ({why})"
+        )
+
+
+def _misfit(values: dict[str, Any], hints: dict[str, Any]) -> tuple[str, str] | None:
+    """The first value that its hint refuses, and why: OmegaConf's check, and no string where only a number
+    or true/false goes (OmegaConf would take "no" as false, but the constructor gets the string)."""
+    fields = [(k, _typed(hints[k]), dataclasses.field(default=MISSING)) for k in values]
+    try:
+        OmegaConf.merge(OmegaConf.structured(dataclasses.make_dataclass("Args", fields)), values)
+    except OmegaConfBaseException as err:
+        return re.split(r"[.\[]", str(getattr(err, "full_key", "") or ""))[0], first_line(err)
+    said = next((k for k, v in values.items() if isinstance(v, str) and _scalar(hints[k])), None)
+    return None if said is None else (said, "a string where a number or true/false goes")
+
+
+def _scalar(hint: Any) -> bool:
+    """Whether `hint` takes only numbers and true/false (and null)."""
+    kinds = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)]
+    return bool(kinds) and all(k in (bool, int, float) for k in kinds)
 
 
 def _annotations(target: Any) -> dict[str, Any]:
-    """The annotated parameters of a class's constructor or of a function; none where they cannot be read
-    (an annotation naming what is not importable, no signature)."""
+    """The annotated parameters of a class's constructor or of a function (a `None` default makes one
+    optional); none where they cannot be read (an annotation naming what is not importable, no signature)."""
     try:
         hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
         params = inspect.signature(target).parameters
-    except (NameError, TypeError, ValueError):
+    except Exception:  # whatever evaluating a module's annotations raises: left to the constructor
         return {}
-    return {k: hint for k, hint in hints.items() if k in params}
+    return {
+        k: hint if params[k].default is not None else hint | None for k, hint in hints.items() if k in params
+    }
 
 
 def _typed(hint: Any) -> Any:
-    """`hint` where OmegaConf can check a value against it, else Any."""
+    """`hint` where OmegaConf can check a value against it as Python would, else Any: not a dataclass or an
+    attrs class (a `_target_` node builds those), nor what OmegaConf cannot type."""
+    parts = [hint]
+    for part in parts:  # the hint and every type inside it
+        parts += typing.get_args(part)
+    if any(dataclasses.is_dataclass(p) or hasattr(p, "__attrs_attrs__") for p in parts):
+        return Any
     try:
         OmegaConf.structured(
             dataclasses.make_dataclass("Hint", [("x", hint, dataclasses.field(default=MISSING))])
@@ -115,36 +141,38 @@ def _said(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
-def _refused_setting(
-    err: Exception,
-    cause: BaseException | None,
-    node: Any,
-    where: str,
-    explain: Callable[[str], str | None] | None,
-) -> str | None:
+def _refused_setting(err: Exception, cause: BaseException | None, node: Any, where: str) -> str | None:
     """The line for a constructor that refused its settings, or for Hydra that refused the node (no
     constructor ran); None for an error of the code itself."""
     if cause is None:
         return f"{where}: {first_line(err).rstrip('.')}"
     first = first_line(cause).rstrip(".")
     if isinstance(cause, TypeError) and _BINDING.search(str(cause)):  # keys the constructor does not take
-        said = explain(first) if explain is not None else None
-        return said or f"{where}: {first} (a setting under {where} is invalid)"
+        return f"{where}: {first} (a setting under {where} is invalid)"
     return _refusal(cause, first, node, where)
 
 
 def _refusal(cause: BaseException, first: str, node: Any, where: str) -> str | None:
     """Lightning's or a class's own check, reworded here where it is raised: the key its line names (or
-    whose value it quotes); where it names none, the node, for Lightning's Trainer (what its constructor
-    raises is a refusal) and a MisconfigurationException; else None."""
+    whose value it quotes); where it names none, the node, for what Lightning's Trainer raises from its own
+    code and a MisconfigurationException; else None (a bug: its traceback)."""
     if not isinstance(cause, (ValueError, TypeError, RuntimeError, MisconfigurationException, ImportError)):
         return None
+    said = " ".join(str(cause).split())
+    if where == "trainer" and re.search(r"requested \w+: .* only has", said):  # more GPUs than visible
+        return f"trainer.devices={_short(node.get('devices'))}: {said}: use at most the devices it has"
     key = _key_named(first, node)
     if key is not None:
         return f"{where}.{key}={_short(node.get(key))}: {first}: {_fix(where, key, node)}"
-    if isinstance(cause, (MisconfigurationException, ImportError)) or where == "trainer":
+    lightning = where == "trainer" and _raised_in_lightning(cause)
+    if isinstance(cause, (MisconfigurationException, ImportError)) or lightning:
         return f"{where}: {first} (a setting under {where} is invalid)"
     return None
+
+
+def _raised_in_lightning(err: BaseException) -> bool:
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1].filename
 
 
 def _key_named(line: str, node: Any) -> str | None:
@@ -174,6 +202,16 @@ def _fix(where: str, key: str, node: Any) -> str:
     return f"change {where}.{key}"
 
 
+def check_nodes(cfg: DictConfig) -> None:
+    """`check_arguments` of every node a training run builds (data, model, trainer, each callback and
+    logger), before the run takes its folder's files as its own."""
+    nodes = [cfg.get(group) for group in ("data", "model", "trainer")]
+    nodes += [n for group in ("callbacks", "logger") for n in (cfg.get(group) or {}).values()]
+    for node in nodes:
+        if OmegaConf.is_dict(node) and "_target_" in node:
+            check_arguments(node, where(node))
+
+
 def _node(cfg: DictConfig, group: str, kind: str) -> DictConfig:
     """The group's settings, which must be a mapping naming the class to build in `_target_`."""
     node = cfg.get(group)
@@ -190,21 +228,32 @@ def _node(cfg: DictConfig, group: str, kind: str) -> DictConfig:
 
 
 def datamodule(cfg: DictConfig) -> L.LightningDataModule:
-    """The configured DataModule; the loader knobs the accel preset sets under `data.` reach it where its
-    constructor takes them (one info line names what a DataModule building its own loaders left to them)."""
+    return instantiate(data_node(cfg), "data", _convert_="all")
+
+
+def data_node(cfg: DictConfig) -> DictConfig:
+    """The configured DataModule's node, less the loader knobs it does not take (`untaken_knobs`)."""
+    node, left = cfg.data, untaken_knobs(cfg)
+    if not left:
+        return node
+    # resolved first: the rest may point elsewhere in the config (${paths.data_dir})
+    kept = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in left}
+    return OmegaConf.create({"data": kept}).data
+
+
+def untaken_knobs(cfg: DictConfig) -> list[str]:
+    """The loader knobs the accel preset sets under `data.` that the DataModule's constructor does not take
+    (it builds its own loaders), said in one info line."""
     node = _node(cfg, "data", "LightningDataModule")
     target = _import(node, "data")
     params = inspect.signature(target).parameters.values()
-    if not any(p.kind is p.VAR_KEYWORD for p in params):
-        names = {p.name for p in params}
-        left = [k for k in LOADER_KNOBS if k in node and k not in names]
-        if left:
-            name = getattr(target, "__name__", str(target))
-            rank_zero_info(f"data: {name} takes no {', '.join(left)}: its own loaders decide them")
-            # resolved first: the rest may point elsewhere in the config (${paths.data_dir})
-            kept = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in left}
-            node = OmegaConf.create(kept)
-    return instantiate(node, "data", _convert_="all")
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return []
+    left = [k for k in LOADER_KNOBS if k in node and k not in {p.name for p in params}]
+    if left:
+        name = getattr(target, "__name__", target)
+        rank_zero_info(f"data: {name} takes no {', '.join(left)}: its own loaders decide them")
+    return left
 
 
 def model(
@@ -218,8 +267,34 @@ def model(
     `model_node`'s, where the caller has it."""
     given = from_data(cfg, dm) if given is None else given
     node = model_node(cfg, given) if node is None else node
+    check_model(cfg, dm, given, node)
+    return instantiate(node, "model", _convert_="all")
+
+
+def check_model(cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any], node: DictConfig) -> None:
+    """Before the module is built: a constructor needing what neither conf/model nor the data gives, and a
+    net that cannot take the data's inputs (`check_inputs_fit`), each in one line naming both."""
+    target = _import(node, "model")
+    if not node.get("_partial_", False):
+        missing = _missing(target, node)
+        if missing:
+            raise ConfigError(_unfit(missing, cfg, dm, given, target))
     check_inputs_fit(node, given)
-    return instantiate(node, "model", lambda line: _unfit(line, cfg, dm, given), _convert_="all")
+
+
+def _missing(target: Any, node: DictConfig) -> list[str]:
+    """The required parameters of `target` that `node` does not give (by name, or in `_args_`)."""
+    try:
+        params = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    positional = len(node.get("_args_") or [])
+    return [
+        p.name
+        for i, p in enumerate(required)
+        if p.name not in node and not (i < positional and p.kind is not p.KEYWORD_ONLY)
+    ]
 
 
 def model_node(cfg: DictConfig, given: dict[str, Any]) -> DictConfig:
@@ -242,7 +317,7 @@ def model_node(cfg: DictConfig, given: dict[str, Any]) -> DictConfig:
             add(child, False)
 
     add(node, True)
-    return OmegaConf.create(node)
+    return OmegaConf.create({"model": node}).model  # its errors name it model
 
 
 def from_data(cfg: DictConfig, dm: L.LightningDataModule) -> dict[str, Any]:
@@ -262,14 +337,10 @@ def model_args(dm: L.LightningDataModule) -> dict[str, Any]:
     return dict(method()) if callable(method) else {}
 
 
-def _unfit(line: str, cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any]) -> str | None:
-    """A model constructor needing what the data lacks, in one line naming both (from the TypeError's
-    `line`); None where conf/model is at fault or a layer raised it."""
-    target = _import(cfg.model, "model")
-    own = tuple(f"{c.__qualname__}.__init__()" for c in getattr(target, "__mro__", ()))
-    names = re.findall(r"'(\w+)'", line)
-    if not line.startswith(own) or "missing" not in line or not names:
-        return None
+def _unfit(
+    names: list[str], cfg: DictConfig, dm: L.LightningDataModule, given: dict[str, Any], target: Any
+) -> str:
+    """A model constructor needing `names`, which the data does not give, in one line naming both."""
     choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
     model_, data_ = _named(choices, "model", target), _named(choices, "data", type(dm))
     said = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
@@ -485,32 +556,47 @@ def _without(found: list[Callback], kind: type | tuple[type, ...], why: str = ""
     return kept
 
 
-def trainer(
-    cfg: DictConfig,
-    extra_callbacks: Sequence[Callback] = (),
-    ident: dict[str, Any] | None = None,
-    from_data: Sequence[str] = (),
-    model: DictConfig | None = None,
-) -> L.Trainer:
-    """The Trainer with its loggers, callbacks and plugins, for a config whose monitor is settled
-    (`monitor.settle`, done once by the caller); `ident`: the run's identity (as composed, before the monitor
-    settled); `from_data`: the model's arguments taken from the data; `model`: the node that built the module
-    (`model_node`'s); both kept in checkpoints."""
-    loggers_ = loggers(cfg)
-    if cfg.get("curves", False):  # train: the run's picture, from what the loggers are given
-        loggers_.append(CurvesLogger(cfg.paths.output_dir, cfg.monitor.metric))
-    configured = callbacks(cfg, bool(loggers_), ident, from_data, model)
-    for callback in configured:  # ours to change; the caller's extra callbacks are left as given
-        hooks.skip_empty(callback, Callback)
+def trainer(cfg: DictConfig) -> L.Trainer:
+    """The Trainer with its loggers, callbacks and plugins, as eval builds it (training: `train.Run`)."""
+    loggers_ = trainer_loggers(cfg)
     return instantiate(
         cfg.trainer,
         "trainer",
-        callbacks=[*configured, *extra_callbacks],
+        callbacks=trainer_callbacks(cfg, bool(loggers_)),
         logger=loggers_ or False,
-        # checkpoints are written whole or not at all; the user's own plugins stay
-        plugins=[*(cfg.trainer.get("plugins") or []), AtomicCheckpointIO()],
+        plugins=plugins(cfg),
         _convert_="all",
     )
+
+
+def trainer_loggers(cfg: DictConfig) -> list[Logger]:
+    """The configured loggers, and in training (`curves`) the run's picture drawn from what they are given."""
+    found = loggers(cfg)
+    if cfg.get("curves", False):
+        found.append(CurvesLogger(cfg.paths.output_dir, cfg.monitor.metric))
+    return found
+
+
+def trainer_callbacks(
+    cfg: DictConfig,
+    has_logger: bool,
+    ident: dict[str, Any] | None = None,
+    from_data: Sequence[str] = (),
+    model: DictConfig | None = None,
+) -> list[Callback]:
+    """`callbacks`, each with its empty hooks skipped (Lightning calls every hook of every callback), for a
+    config whose monitor is settled; `ident`: the run's identity (as composed, before the monitor settled);
+    `from_data`: the model's arguments taken from the data; `model`: the node that built the module (both
+    kept in checkpoints)."""
+    configured = callbacks(cfg, has_logger, ident, from_data, model)
+    for callback in configured:
+        hooks.skip_empty(callback, Callback)
+    return configured
+
+
+def plugins(cfg: DictConfig) -> list[Any]:
+    """The trainer's own plugins, and checkpoints written whole or not at all."""
+    return [*(cfg.trainer.get("plugins") or []), AtomicCheckpointIO()]
 
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:

@@ -149,12 +149,14 @@ def keep_hydra_files() -> None:
 
 
 def _undo_refused_start(folder: Path, job: str) -> None:
-    """Remove a run folder Hydra made for this run if it holds only what a start writes (`.hydra/`, the log,
-    the lock and run.json: a setting refused as the trainer was built); in one that was there (another
-    run's), put back the `.hydra/` files this run's start wrote over."""
+    """Remove a run folder Hydra made for this run if it holds only what this start wrote (`.hydra/`, the
+    log; the lock and run.json where it took the lock: a setting refused as the trainer was built); in one
+    that was there (another run's), put back the `.hydra/` files this run's start wrote over."""
     for path, data in _HYDRA_FILES.pop(folder.resolve(), {}).items():
         write_text_atomically(path, data)
-    ours = {folder / ".hydra", folder / f"{job}.log", folder / lock.LOCK_FILE, folder / identity.RECORD_FILE}
+    ours = {folder / ".hydra", folder / f"{job}.log"}
+    if folder.resolve() in lock.TAKEN:  # this start's lock and run.json, not a concurrent start's
+        ours |= {folder / lock.LOCK_FILE, folder / identity.RECORD_FILE}
     if folder.resolve() not in _NEW_FOLDERS or not set(folder.iterdir()) <= ours:
         return
     shutil.rmtree(folder / ".hydra", ignore_errors=True)
