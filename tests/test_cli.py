@@ -326,6 +326,7 @@ def test_a_killed_program_s_exit_code_says_what_killed_it(code: int, meaning: st
     )
 
 
+@pytest.mark.slow  # two runs of the command line
 def test_a_rerun_refused_before_its_fit_leaves_the_runs_files_as_they_were(tmp_path: Path) -> None:
     """A setting refused as the run is planned (a constructor's annotation) puts back the `.hydra/` files
     that its start wrote over in the folder of the run it would have continued."""

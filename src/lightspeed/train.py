@@ -197,19 +197,22 @@ class Run:
         return [*build.trainer_callbacks(self.cfg, has_logger, ident, given, self._node), *extra]
 
     def loggers(self) -> list[Logger] | bool:
-        """conf/logger's (MLflow's and W&B's continuing this folder's tracked run), each given the resolved
-        config as hyperparameters; False for none (Lightning's default logger stays off)."""
+        """conf/logger's (MLflow's and W&B's continuing this folder's tracked run; `fit` gives each the
+        resolved config as hyperparameters); False for none (Lightning's default logger stays off)."""
         if self._loggers is None:
             self._loggers = build.trainer_loggers(self.cfg)
-            if self._tracked:
-                from lightspeed.run import tracking
-
-                tracking.log_config(self.config, self._loggers)
-                tracking.remember(self.cfg, self._loggers)
-            else:
-                for logger in self._loggers:
-                    logger.log_hyperparams(self.config)
         return self._loggers or False
+
+    def _log_config(self, loggers: list[Logger]) -> None:
+        """The resolved config as each logger's hyperparameters (a tracked run's continued, as it was)."""
+        if self._tracked:
+            from lightspeed.run import tracking
+
+            tracking.log_config(self.config, loggers)
+            tracking.remember(self.cfg, loggers)
+        else:
+            for logger in loggers:
+                logger.log_hyperparams(self.config)
 
     def plugins(self) -> list[Any]:
         """The trainer's own plugins, and checkpoints written whole or not at all."""
@@ -223,6 +226,7 @@ class Run:
             accel.report_idle(list(self.plan.idle), accel.device_type(self.cfg))
         keep_hydra_files()  # started in its folder: a later one-line error does not put back the old ones
         summary.config_tree(self.config, self.plan.run_dir, show=self.cfg.get("print_config", True))
+        self._log_config(trainer.loggers)
         start = time.perf_counter()
         try:  # weights_only: a checkpoint can only hold plain data; loading it never runs code
             with (
