@@ -113,11 +113,13 @@ def _annotations(target: Any) -> dict[str, Any]:
     try:
         hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
         params = inspect.signature(target).parameters
+        return {
+            k: hint if params[k].default is not None else typing.Optional[hint]  # noqa: UP045 (any hint)
+            for k, hint in hints.items()
+            if k in params
+        }
     except Exception:  # whatever evaluating a module's annotations raises: left to the constructor
         return {}
-    return {
-        k: hint if params[k].default is not None else hint | None for k, hint in hints.items() if k in params
-    }
 
 
 def _typed(hint: Any) -> Any:
