@@ -159,7 +159,6 @@ class Run:
             with writing_run_folder():  # its lock and run.json
                 self._held.enter_context(lock.held(run_dir))  # until the run ends, however
             idle = accel.resolve(cfg)
-            build.check_nodes(cfg)  # each constructor's annotations, before the folder's files are this run's
             self._tracked = build.tracks(cfg)
             if self._tracked:  # MLflow or W&B: their code, only then
                 from lightspeed.run import tracking
@@ -194,7 +193,7 @@ class Run:
         ExactResume, given the run's identity and the model's node), then `extra`."""
         has_logger = bool(self.loggers())
         ident, given = self.plan.ident, sorted(self._given)
-        return [*build.trainer_callbacks(self.cfg, has_logger, ident, given, self._node), *extra]
+        return [*build.callbacks(self.cfg, has_logger, ident, given, self._node), *extra]
 
     def loggers(self) -> list[Logger] | bool:
         """conf/logger's (MLflow's and W&B's continuing this folder's tracked run; `fit` gives each the
@@ -221,9 +220,8 @@ class Run:
     def fit(self, trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> None:
         """`trainer.fit`, from the checkpoint the plan resumes; first the accel preset applied to the module
         (channels_last, torch.compile) and the config printed and kept beside the run."""
-        with exit_on_config_error():
-            accel.apply_to_model(self.cfg, model)
-            accel.report_idle(list(self.plan.idle), accel.device_type(self.cfg))
+        accel.apply_to_model(self.cfg, model)
+        accel.report_idle(list(self.plan.idle), accel.device_type(self.cfg))
         keep_hydra_files()  # started in its folder: a later one-line error does not put back the old ones
         summary.config_tree(self.config, self.plan.run_dir, show=self.cfg.get("print_config", True))
         self._log_config(trainer.loggers)

@@ -204,16 +204,6 @@ def _fix(where: str, key: str, node: Any) -> str:
     return f"change {where}.{key}"
 
 
-def check_nodes(cfg: DictConfig) -> None:
-    """`check_arguments` of every node a training run builds (data, model, trainer, each callback and
-    logger), before the run takes its folder's files as its own."""
-    nodes = [cfg.get(group) for group in ("data", "model", "trainer")]
-    nodes += [n for group in ("callbacks", "logger") for n in (cfg.get(group) or {}).values()]
-    for node in nodes:
-        if OmegaConf.is_dict(node) and "_target_" in node:
-            check_arguments(node, where(node))
-
-
 def _node(cfg: DictConfig, group: str, kind: str) -> DictConfig:
     """The group's settings, which must be a mapping naming the class to build in `_target_`."""
     node = cfg.get(group)
@@ -506,15 +496,20 @@ def callbacks(
     which is given the run's identity (`ident`, taken from the config as composed, before `accel` resolved
     it), its data node, the model's arguments from the data and the model node, for each checkpoint."""
     found = _without_bar(_group(cfg.get("callbacks"), "callbacks"), cfg)
-    if "seed" not in cfg:  # eval
-        return found
-    found = _without_idle(_with_checkpoints(found, cfg), cfg, has_logger)
-    found += [guard for guard in (NonFiniteGuard(), ExactResume(cfg.seed)) if not _has(found, type(guard))]
-    data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
-    facts = (ident or identity.of(cfg), data, list(from_data), plain_config(model) if model else None)
-    for resume_ in (cb for cb in found if isinstance(cb, ExactResume)):
-        resume_.identify(*facts)
+    if "seed" in cfg:  # train (eval's keeps none of these)
+        found = _with_guards(_without_idle(_with_checkpoints(found, cfg), cfg, has_logger), cfg)
+        data = OmegaConf.to_container(cfg.data, resolve=False) if "data" in cfg else None
+        facts = (ident or identity.of(cfg), data, list(from_data), plain_config(model) if model else None)
+        for resume_ in (cb for cb in found if isinstance(cb, ExactResume)):
+            resume_.identify(*facts)
+    for callback in found:  # Lightning calls every hook of every callback: the empty ones are skipped
+        hooks.skip_empty(callback, Callback)
     return found
+
+
+def _with_guards(found: list[Callback], cfg: DictConfig) -> list[Callback]:
+    """The non-finite guard and ExactResume, where the callbacks group leaves them out."""
+    return found + [g for g in (NonFiniteGuard(), ExactResume(cfg.seed)) if not _has(found, type(g))]
 
 
 def _without_bar(found: list[Callback], cfg: DictConfig) -> list[Callback]:
@@ -564,7 +559,7 @@ def trainer(cfg: DictConfig) -> L.Trainer:
     return instantiate(
         cfg.trainer,
         "trainer",
-        callbacks=trainer_callbacks(cfg, bool(loggers_)),
+        callbacks=callbacks(cfg, bool(loggers_)),
         logger=loggers_ or False,
         plugins=plugins(cfg),
         _convert_="all",
@@ -577,23 +572,6 @@ def trainer_loggers(cfg: DictConfig) -> list[Logger]:
     if cfg.get("curves", False):
         found.append(CurvesLogger(cfg.paths.output_dir, cfg.monitor.metric))
     return found
-
-
-def trainer_callbacks(
-    cfg: DictConfig,
-    has_logger: bool,
-    ident: dict[str, Any] | None = None,
-    from_data: Sequence[str] = (),
-    model: DictConfig | None = None,
-) -> list[Callback]:
-    """`callbacks`, each with its empty hooks skipped (Lightning calls every hook of every callback), for a
-    config whose monitor is settled; `ident`: the run's identity (as composed, before the monitor settled);
-    `from_data`: the model's arguments taken from the data; `model`: the node that built the module (both
-    kept in checkpoints)."""
-    configured = callbacks(cfg, has_logger, ident, from_data, model)
-    for callback in configured:
-        hooks.skip_empty(callback, Callback)
-    return configured
 
 
 def plugins(cfg: DictConfig) -> list[Any]:
