@@ -11,15 +11,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from conftest import command_line
 from lightspeed import CONF_DIR
-from lightspeed.core.config import ConfigError, check_group_choices, validate_train
+from lightspeed.core.config import ConfigError, validate_train
 from lightspeed.train import train
 from test_registry import options
 
 
-def test_an_unknown_option_is_named_with_the_options_there_are() -> None:
+def test_an_unknown_option_is_named_with_the_options_there_are(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
-        check_group_choices(["trainer=foo"])  # what the command line checks first
+        command_line(["trainer=foo"], tmp_path)  # Hydra's refusal, reworded
     assert (
         str(err.value) == f"trainer=foo is not an option: use one of {', '.join(options('trainer'))} "
         "(or add conf/trainer/foo.yaml)"

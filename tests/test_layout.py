@@ -100,6 +100,7 @@ OPTIONAL = (
     "lightspeed.report.sweep_table",  # only when a sweep ends
     "lightspeed.models.nets.resnet",  # the nets the default model does not use
     "lightspeed.models.nets.mlp",
+    "lightspeed.run.compose_errors",  # the wording of what Hydra refuses: only when it refuses
     "optuna",
     "torch.distributed.checkpoint",
 )

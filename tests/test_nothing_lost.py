@@ -26,7 +26,6 @@ from lightspeed import CONF_DIR
 from lightspeed.core import config
 from lightspeed.core.config import (
     ConfigError,
-    check_group_choices,
     check_known_keys,
     exit_on_config_error,
     validate_train,
@@ -505,10 +504,9 @@ def test_an_option_that_config_dir_adds_is_an_option(tmp_path: Path) -> None:
     (tmp_path / "experiment").mkdir()
     (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\ntrainer:\n  max_epochs: 1\n")
     args = ["--config-dir", str(tmp_path), "experiment=mine"]
-    check_group_choices(args)  # found in the added folder
-    command_line(args, tmp_path)
+    command_line(args, tmp_path)  # found in the added folder
     with pytest.raises(ConfigError, match=r"^experiment=mine is not an option"):
-        check_group_choices(["experiment=mine"])
+        command_line(["experiment=mine"], tmp_path)
 
 
 def test_hydra_flags_that_would_read_other_configs_or_unpickle_are_refused() -> None:

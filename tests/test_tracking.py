@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import TESTS, TINY
+from conftest import TESTS, TINY, command_line
 from lightspeed.run.tracking import TRACKING_FILE, continue_runs
 
 RUN_DIR = "logs/train/runs/tracked"
@@ -270,14 +270,14 @@ def test_the_ids_a_run_stored_come_back_where_they_live_and_nowhere_else(tmp_pat
 def test_several_loggers_at_once_and_an_unknown_one_is_one_line(tmp_path: Path) -> None:
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    from lightspeed.core.config import ConfigError, check_group_choices
+    from lightspeed.core.config import ConfigError
     from lightspeed.run import build
     from lightspeed.run.entry import compose_config
 
     cfg = compose_config("train", ["logger=[csv,tensorboard]"], tmp_path / "logs")
     assert [type(lg) for lg in build.loggers(cfg)] == [CSVLogger, TensorBoardLogger]
     with pytest.raises(ConfigError, match=r"^logger=nope is not an option: use one of csv, mlflow, none, "):
-        check_group_choices(["logger=[csv,nope]"])
+        command_line(["logger=[csv,nope]"], tmp_path)
 
 
 def test_a_stored_mlflow_run_gone_from_its_local_store_is_a_new_run_and_a_line(

@@ -4,7 +4,6 @@ machine can run)."""
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import re
@@ -239,30 +238,6 @@ def check_retired(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} {instead}")
 
 
-def unknown_key(key: str, known: Sequence[str], fix: str) -> str:
-    """One line for a key that is not in the config: what replaced it, or the closest of its siblings."""
-    retired = _retired(key)
-    if retired:
-        return retired
-    parent, _, leaf = key.rpartition(".")
-    siblings = sorted({k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent} - {"defaults"})
-    if leaf in siblings:  # in the default composition, not in this one: another option left it out
-        return f"{key} is not a setting with the options chosen here (another option has it): {fix}"
-    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.7)
-    where = f"{parent}." if parent else ""
-    if close:
-        return f"{key} is not a setting: did you mean {where}{close[0]}? {fix}"
-    return f"{key} is not a setting ({parent or 'the top level'} has {', '.join(siblings)}): {fix}"
-
-
-def _retired(key: str) -> str | None:
-    """What replaced `key`, a key under it, or the retired node it is under; None where none was."""
-    retired = next((k for k in RETIRED if f"{key}.".startswith(f"{k}.") or k.startswith(f"{key}.")), None)
-    if retired is None:
-        return None
-    return f"{retired} {RETIRED[retired]}" if retired == key else f"{key}: {retired} {RETIRED[retired]}"
-
-
 def check_known_keys(cfg: DictConfig, config_name: str) -> None:
     """A key added at the top level (`+foo=bar`, or `max_steps:` in an experiment file's global package)
     that nothing reads is a mistake: refuse it, naming the closest setting."""
@@ -272,6 +247,8 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
     check_retired(cfg)
     for key in cfg:
         if key not in known and key != "hydra":
+            from lightspeed.run.compose_errors import unknown_key
+
             raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
 
 
@@ -298,7 +275,7 @@ def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,), named: Sequence[str]
     Python's recursion limit (Hydra's traceback)."""
     import yaml
 
-    for path in _yaml_files(folders, named):
+    for path in yaml_files(folders, named):
         try:
             root = yaml.compose(path.read_text())
             n = _expanded(root, {}) if root is not None else 0
@@ -312,34 +289,12 @@ def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,), named: Sequence[str]
             )
 
 
-def unreadable_yaml(err: Exception, folders: Sequence[Path], named: Sequence[str]) -> str:
-    """The line for a yaml file Hydra could not read (not UTF-8, not YAML: the file is named) or could not
-    use (a defaults list of another shape: Hydra's own words name the option)."""
-    import yaml
-
-    mark = getattr(err, "problem_mark", None)
-    paths = (
-        [Path(mark.name)] if mark is not None and Path(mark.name).is_file() else _yaml_files(folders, named)
-    )
-    for path in paths:
-        try:
-            yaml.compose(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as bad:
-            return f"{path} is not UTF-8 text (byte {bad.start}: {bad.reason}): save it as UTF-8"
-        except yaml.MarkedYAMLError as bad:
-            where = f" at line {bad.problem_mark.line + 1}" if bad.problem_mark is not None else ""
-            return f"{path} is not valid YAML ({bad.problem}{where}): fix it, or move it out of conf/"
-        except (yaml.YAMLError, OSError):
-            continue
-    first = first_line(err).rstrip(".")
-    return f"{first}: fix that yaml file (a defaults list is a list of group: option lines)"
-
-
 def _known_groups() -> set[str]:
-    return {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir()}
+    """The folders of conf/ and the engine's groups (not Python's `__pycache__` beside the engine's)."""
+    return {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir() and g.name[0] != "_"}
 
 
-def _yaml_files(folders: Sequence[Path], named: Sequence[str]) -> list[Path]:
+def yaml_files(folders: Sequence[Path], named: Sequence[str]) -> list[Path]:
     """What Hydra may read in these folders: primary configs, and the options of the known groups and of any
     group the command line names (`+mygroup=x`), two levels deep (hydra/launcher/x.yaml)."""
     groups = _known_groups() | {m[1] for arg in named if (m := re.match(r"[+~]*([\w/-]+)=", arg))}
@@ -380,22 +335,3 @@ def check_folder_names(cfg: DictConfig) -> None:
 def is_group(name: str) -> bool:
     """Whether `name` is a config group: a folder of the project's conf/ or of the engine's groups."""
     return any((d / name).is_dir() for d in CONF_DIRS)
-
-
-def check_group_choices(args: Sequence[str]) -> None:
-    """Refuse, in one line before Hydra composes, a `group=option` whose option has no file (conf/, the
-    engine's groups, a `--config-dir`): Hydra's own message is a dozen lines and exits with 1."""
-    folders = [*CONF_DIRS, *config_dirs(args)]
-    for arg in args:
-        # a,b,c: a multirun sweep over options; [a,b]: options of one group at once (logger=[csv,mlflow])
-        match = re.fullmatch(r"([A-Za-z_][\w/]*)=\[?([\w.,-]+)\]?", arg)
-        if not match or match[1].startswith("hydra") or not is_group(match[1]):
-            continue
-        group, value = match.groups()
-        choices = sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
-        for option in value.split(","):
-            if option not in choices and option != "null":
-                raise ConfigError(
-                    f"{group}={option} is not an option: use one of {', '.join(choices)} "
-                    f"(or add conf/{group}/{option}.yaml)"
-                )

@@ -6,10 +6,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
-import re
 import shutil
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,17 +28,10 @@ from lightspeed.core.config import (
     FOLDER_KEYS,
     ConfigError,
     check_folder_names,
-    check_group_choices,
     check_known_keys,
     check_yaml_sizes,
     config_dirs,
     exit_on_config_error,
-    first_line,
-    flat_keys,
-    is_group,
-    plain,
-    unknown_key,
-    unreadable_yaml,
 )
 from lightspeed.core.failures import process_group_released
 from lightspeed.core.files import write_text_atomically
@@ -65,7 +56,6 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
     before the task starts is a ConfigError of one line; an error after that is the task's own."""
     args = sys.argv[1:]
     check_yaml_sizes([*CONF_DIRS, *config_dirs(args)], args)
-    check_group_choices(args)
     check_flags(args)
     started = []
 
@@ -91,48 +81,19 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
         raise ConfigError(
             "the config nests too deeply to compose (a yaml file of nested lists or maps?): flatten it"
         ) from None
-    except (_Refused, HydraException, OmegaConfBaseException) as caught:
-        raise _refusal(caught, started, args, config_name) from None
+    except (Refused, HydraException, OmegaConfBaseException) as caught:
+        from lightspeed.run.compose_errors import refusal
+
+        raise refusal(caught, started, args, config_name) from None
     except (yaml.YAMLError, UnicodeDecodeError, ValueError) as err:  # a yaml file Hydra cannot read or use
-        line = None if started or isinstance(err, ConfigError) else _not_composed(err, args)
+        from lightspeed.run.compose_errors import not_composed
+
+        line = None if started or isinstance(err, ConfigError) else not_composed(err, args)
         if line is None:
             raise
         raise ConfigError(line) from None
     finally:
         GlobalHydra.instance().clear()
-
-
-def _refusal(caught: BaseException, started: list[bool], args: list[str], config_name: str) -> BaseException:
-    """What to raise for an error of Hydra's or of `Checks` (its cause): before the task started, a
-    ConfigError of one line; after, the error itself."""
-    err = caught.__cause__ if isinstance(caught, _Refused) and caught.__cause__ is not None else caught
-    if started or not isinstance(err, (ConfigError, HydraException, OmegaConfBaseException)):
-        return err
-    return err if isinstance(err, ConfigError) else ConfigError(composition_error(err, args, config_name))
-
-
-def _not_composed(err: Exception, args: list[str]) -> str | None:
-    """The line for a composition that failed reading a yaml file or applying the command line's values;
-    None for an error elsewhere (its traceback)."""
-    stage = _composing(err)
-    if stage == "overrides":
-        return (
-            f"the command line's values cannot be applied ({first_line(err)}): one of them goes under a node "
-            "that the chosen yaml files make a list or a plain value; check those files, or drop that value"
-        )
-    return None if stage is None else unreadable_yaml(err, [*CONF_DIRS, *config_dirs(args)], args)
-
-
-def _composing(err: BaseException) -> str | None:
-    """Where in Hydra's composition `err` came from: "files" (reading a yaml file, or Hydra's config
-    repository checking a defaults list), "overrides" (applying the command line's values), else None (another
-    part of Hydra, a plugin: its own traceback)."""
-    if isinstance(err, (yaml.YAMLError, UnicodeDecodeError)):
-        return "files"
-    names = {Path(frame.filename).name for frame in traceback.extract_tb(err.__traceback__)}
-    if names & {"config_repository.py", "defaults_list.py"}:
-        return "files"
-    return "overrides" if "config_loader_impl.py" in names else None
 
 
 #: The run folders that did not exist when `Checks` saw the run start: Hydra made them for this run.
@@ -165,7 +126,7 @@ def _undo_refused_start(folder: Path, job: str) -> None:
     folder.rmdir()
 
 
-class _Refused(BaseException):
+class Refused(BaseException):
     """An error out of a Hydra callback (its `__cause__`): Hydra turns a callback's Exception into a warning
     and goes on, a BaseException passes."""
 
@@ -201,11 +162,11 @@ def _check(config: DictConfig) -> None:
                         OmegaConf.update(job, key, value)
                     check_folder_names(job)
     except Exception as err:
-        raise _Refused(str(err)) from err
+        raise Refused(str(err)) from err
 
 
 #: Flags that take a value: the value is not an override.
-_WITH_VALUE = {
+WITH_VALUE = {
     "--config-dir",
     "-cd",
     "--config-name",
@@ -227,7 +188,7 @@ def check_flags(args: list[str]) -> None:
         flag, eq, _ = arg.partition("=")
         if not arg.startswith("-"):
             _check_launcher_installed(arg)
-        elif flag in _WITH_VALUE and not eq:
+        elif flag in WITH_VALUE and not eq:
             next(rest, "")
         elif flag in ("--config-path", "-cp"):
             raise ConfigError(f"{flag} is not supported here: use --config-dir <folder> to add configs")
@@ -250,96 +211,6 @@ def _check_launcher_installed(override: str) -> None:
             f"hydra/launcher={value} needs Hydra's submitit launcher, which is not installed: "
             "make install EXTRAS=dev,cluster (or pip install hydra-submitit-launcher)"
         )
-
-
-def composition_error(err: Exception, args: list[str], config_name: str = "train") -> str:
-    """Hydra's composition error in one line: a key that is not in the config names the closest one (of
-    its node, or of another option of its group)."""
-    text = str(err)
-    missing = re.search(r"Could not override '([^']+)'", text)
-    if missing:
-        return _not_overridden(missing[1], err, args, config_name)
-    unreadable = next((line for arg in overrides_in(args) if (line := grammar_error(arg))), None)
-    if unreadable:
-        return unreadable
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
-    return f"the command line does not compose: {first}"
-
-
-def _not_overridden(key: str, err: Exception, args: list[str], config_name: str) -> str:
-    """The line for a command-line key Hydra could not override: a group this command has not, a mapping
-    merged into a node that lacks its keys, or a key that is not in the config."""
-    value = next((a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == key), "...")
-    if "No match in the defaults list" in str(err) and is_group(key):
-        return unused_group(key, value, config_name)
-    inner = str(getattr(err.__cause__, "full_key", None) or "")
-    if value.startswith("{") and inner.startswith(f"{key}."):  # Hydra merges a mapping into the node
-        new = inner[len(key) + 1 :]
-        return (
-            f"{key}={value} is merged into the {key} the config has, which has no {new}: to replace "
-            f"that node, give ~{key} '+{key}={value}'"
-        )
-    return unknown_key(key, _known_near(key, err.__cause__), f"to add a key of your own: +{key}={value}")
-
-
-def unused_group(key: str, value: str, config_name: str) -> str:
-    """`make eval experiment=x`: a group that `config_name` does not choose from. A checkpoint carries the
-    config its run trained with, so for eval and export the fix is which checkpoint."""
-    says = f"{key}={value}: {config_name} has no {key} to choose"
-    own = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
-    if own.get("ckpt_path") == "latest":  # eval's and export's: a checkpoint to read (train's: to start from)
-        return (
-            f"{says}; it uses the config the checkpoint's run trained with: choose that run with "
-            "ckpt_path=logs/train/runs/<run>/checkpoints/<file>.ckpt (latest: the newest run's best)"
-        )
-    return f"{says}: remove it"
-
-
-def overrides_in(args: list[str]) -> list[str]:
-    """The overrides of a command line: not Hydra's flags, nor the values of those that take one."""
-    rest, found = iter(args), []
-    for arg in rest:
-        if not arg.startswith("-"):
-            found.append(arg)
-        elif arg.partition("=")[0] in _WITH_VALUE and "=" not in arg:
-            next(rest, "")
-    return found
-
-
-def grammar_error(arg: str) -> str | None:
-    """One line for an override Hydra's grammar cannot read (`a=b=c`, `x=[1`, `n=٣`), with its reason."""
-    try:
-        OverridesParser.create().parse_overrides([arg])
-    except HydraException as err:
-        text = str(err)
-        if "LexerNoViableAlt" in text:  # a character outside the grammar
-            if any(c.isdigit() and not c.isascii() for c in arg):  # a digit of another script
-                return (
-                    f"{arg} cannot be read: use plain ASCII digits and key=value (quote values with spaces)"
-                )
-            return (
-                f"{arg} cannot be read: a character Hydra's override grammar does not take; quote the value"
-            )
-        said = (line for line in text.splitlines() if not line.startswith(("Error parsing", "See https")))
-        reason = next((line.strip() for line in said if line.strip()), "not key=value")
-        reason = re.sub(r" expecting \{.*", "", reason)  # the grammar's two dozen token names
-        return (
-            f"{arg} cannot be read ({reason}): write key=value and quote a value that has =, brackets, "
-            "braces or spaces: key='...' (Hydra's override grammar)"
-        )
-    return None
-
-
-def _known_near(key: str, cause: BaseException | None) -> list[str]:
-    """The dotted keys near a missing one: those of the node Hydra could not add it to (OmegaConf's error
-    carries it), and those that any option file of its group gives."""
-    node = getattr(cause, "parent_node", None)
-    where = str(getattr(cause, "full_key", key)).rpartition(".")[0]
-    known = flat_keys(plain(node), f"{where}." if where else "") if OmegaConf.is_config(node) else []
-    known = [k for k in known if k.partition(".")[0] != "hydra"]
-    group = key.partition(".")[0]
-    paths = [p for d in CONF_DIRS for p in sorted((d / group).glob("*.yaml"))] if is_group(group) else []
-    return known + [k for path in paths for k in flat_keys(plain(OmegaConf.load(path)), f"{group}.")]
 
 
 def compose_config(config_name: str, overrides: list[str], log_dir: Path) -> DictConfig:
