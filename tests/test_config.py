@@ -206,7 +206,7 @@ def test_lightning_refusing_more_gpus_than_visible_names_trainer_devices_and_a_b
 ):
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from lightspeed.run.build import _refusal
+    from lightspeed.run.build_errors import _refusal
 
     node = OmegaConf.create({"trainer": {"accelerator": "gpu", "devices": 4}}).trainer
     said = "You requested gpu: [0, 1, 2, 3]\n But your machine only has: [0]"

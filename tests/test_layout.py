@@ -101,6 +101,7 @@ OPTIONAL = (
     "lightspeed.models.nets.resnet",  # the nets the default model does not use
     "lightspeed.models.nets.mlp",
     "lightspeed.run.compose_errors",  # the wording of what Hydra refuses: only when it refuses
+    "lightspeed.run.build_errors",  # and of what a constructor or the Trainer refuses
     "optuna",
     "torch.distributed.checkpoint",
 )

@@ -26,7 +26,6 @@ from lightspeed import CONF_DIR
 from lightspeed.core import config
 from lightspeed.core.config import (
     ConfigError,
-    check_known_keys,
     exit_on_config_error,
     validate_train,
 )
@@ -35,7 +34,7 @@ from lightspeed.eval import run as evaluate
 from lightspeed.resilience import checkpoint, identity, lock, resume
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
-from lightspeed.run.entry import check_flags
+from lightspeed.run.entry import check_flags, check_known_keys
 from lightspeed.train import Run, train
 from probes import Fault
 

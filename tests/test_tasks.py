@@ -409,14 +409,15 @@ def test_only_the_model_class_s_own_missing_arguments_are_said_as_the_data_s(tra
     out_features) fails as it is built, a setting of conf/model (the generic line)."""
     from lightspeed.data import DigitsDataModule
     from lightspeed.models.classifier import Classifier
-    from lightspeed.run.build import _missing, _unfit
+    from lightspeed.run.build import _missing
+    from lightspeed.run.build_errors import unfit
 
     cfg, dm = train_cfg(), DigitsDataModule()
     own = OmegaConf.to_container(cfg.model)
     assert _missing(Classifier, cfg.model) == ["num_classes", "input_shape"]  # what model_args() gives
     assert _missing(Classifier, OmegaConf.create({**own, "num_classes": 10, "input_shape": [1]})) == []
     assert _missing(Classifier, OmegaConf.create({**own, "_args_": [0, 0, 0, 0]})) == ["input_shape"]
-    line = _unfit(["num_classes"], cfg, dm, {"input_shape": [1, 8, 8]}, Classifier)
+    line = unfit(["num_classes"], cfg, dm, {"input_shape": [1, 8, 8]}, Classifier)
     assert "(Classifier) is built from num_classes, which data=digits (DigitsDataModule) does not" in line
 
 

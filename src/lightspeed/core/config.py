@@ -238,20 +238,6 @@ def check_retired(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} {instead}")
 
 
-def check_known_keys(cfg: DictConfig, config_name: str) -> None:
-    """A key added at the top level (`+foo=bar`, or `max_steps:` in an experiment file's global package)
-    that nothing reads is a mistake: refuse it, naming the closest setting."""
-    primary = CONF_DIR / f"{config_name}.yaml"
-    known = set(OmegaConf.load(primary).keys() if primary.is_file() else ()) | _known_groups()
-    known -= {"defaults", "hydra"}
-    check_retired(cfg)
-    for key in cfg:
-        if key not in known and key != "hydra":
-            from lightspeed.run.compose_errors import unknown_key
-
-            raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
-
-
 #: Values a yaml file of conf/ may expand to: far above any real config, far below a "billion laughs".
 MAX_YAML_VALUES = 100_000
 
@@ -289,7 +275,7 @@ def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,), named: Sequence[str]
             )
 
 
-def _known_groups() -> set[str]:
+def known_groups() -> set[str]:
     """The folders of conf/ and the engine's groups (not Python's `__pycache__` beside the engine's)."""
     return {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir() and g.name[0] != "_"}
 
@@ -297,7 +283,7 @@ def _known_groups() -> set[str]:
 def yaml_files(folders: Sequence[Path], named: Sequence[str]) -> list[Path]:
     """What Hydra may read in these folders: primary configs, and the options of the known groups and of any
     group the command line names (`+mygroup=x`), two levels deep (hydra/launcher/x.yaml)."""
-    groups = _known_groups() | {m[1] for arg in named if (m := re.match(r"[+~]*([\w/-]+)=", arg))}
+    groups = known_groups() | {m[1] for arg in named if (m := re.match(r"[+~]*([\w/-]+)=", arg))}
     patterns = ["*.yaml", *(f"{g}/*.yaml" for g in groups), *(f"{g}/*/*.yaml" for g in groups)]
     return sorted({p for folder in map(Path, folders) for pattern in patterns for p in folder.glob(pattern)})
 

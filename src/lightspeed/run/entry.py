@@ -28,10 +28,11 @@ from lightspeed.core.config import (
     FOLDER_KEYS,
     ConfigError,
     check_folder_names,
-    check_known_keys,
+    check_retired,
     check_yaml_sizes,
     config_dirs,
     exit_on_config_error,
+    known_groups,
 )
 from lightspeed.core.failures import process_group_released
 from lightspeed.core.files import write_text_atomically
@@ -163,6 +164,20 @@ def _check(config: DictConfig) -> None:
                     check_folder_names(job)
     except Exception as err:
         raise Refused(str(err)) from err
+
+
+def check_known_keys(cfg: DictConfig, config_name: str) -> None:
+    """A key added at the top level (`+foo=bar`, or `max_steps:` in an experiment file's global package)
+    that nothing reads is a mistake: refuse it, naming the closest setting."""
+    primary = CONF_DIR / f"{config_name}.yaml"
+    known = set(OmegaConf.load(primary).keys() if primary.is_file() else ()) | known_groups()
+    known -= {"defaults", "hydra"}
+    check_retired(cfg)
+    for key in cfg:
+        if key not in known and key != "hydra":
+            from lightspeed.run.compose_errors import unknown_key
+
+            raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
 
 
 #: Flags that take a value: the value is not an override.
