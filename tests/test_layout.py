@@ -102,6 +102,7 @@ OPTIONAL = (
     "lightspeed.models.nets.mlp",
     "lightspeed.run.compose_errors",  # the wording of what Hydra refuses: only when it refuses
     "lightspeed.run.build_errors",  # and of what a constructor or the Trainer refuses
+    "lightspeed.resilience.verify",  # a checkpoint on disk checked: only where one is read
     "optuna",
     "torch.distributed.checkpoint",
 )

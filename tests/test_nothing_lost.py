@@ -31,7 +31,7 @@ from lightspeed.core.config import (
 )
 from lightspeed.core.failures import exit_on_failure
 from lightspeed.eval import run as evaluate
-from lightspeed.resilience import checkpoint, identity, lock, resume
+from lightspeed.resilience import checkpoint, identity, lock, resume, verify
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
 from lightspeed.run.entry import check_flags, check_known_keys
@@ -342,7 +342,7 @@ def test_two_writer_processes_of_one_checkpoint_path_never_tear_it(tmp_path: Pat
     for p in procs:
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0, 0]  # neither found its file renamed or removed by the other
-    assert checkpoint.problem(target) is None
+    assert verify.problem(target) is None
     saved = torch.load(target, weights_only=True)
     assert (saved["state_dict"]["w"] == saved["global_step"]).all()  # one writer's bytes, whole
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left
@@ -434,7 +434,7 @@ def test_a_checkpoint_with_a_flipped_bit_is_treated_as_corrupt(train_cfg, run_di
     last = run_dir / "checkpoints" / "last.ckpt"
     best = Path(first.trainer.checkpoint_callback.best_model_path)
     _flip_a_weight_bit(last)
-    assert "checksum" in checkpoint.problem(last)
+    assert "checksum" in verify.problem(last)
     with pytest.warns(UserWarning, match=r"last\.ckpt: its tensors no longer match their checksum"):
         assert resume.resolve(train_cfg(*FIT)) == str(best)
     _flip_a_weight_bit(best)
@@ -456,7 +456,7 @@ def test_a_checkpoint_whose_tensor_claims_more_than_its_file_holds_is_passed_ove
     bomb = run_dir / "checkpoints" / "zz-newer.ckpt"
     torch.save(crafted, bomb)
     assert bomb.stat().st_size < 10 * last.stat().st_size  # small on disk
-    assert "claims 1099511627776 elements, more than its file holds" in checkpoint.problem(bomb)
+    assert "claims 1099511627776 elements, more than its file holds" in verify.problem(bomb)
     with pytest.warns(UserWarning, match=r"zz-newer\.ckpt: its tensor /state_dict/huge claims"):
         resumed = resume.resolve(train_cfg(*FIT))
     assert resumed in (str(last), first.trainer.checkpoint_callback.best_model_path)
@@ -678,7 +678,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_earlier_checkpoints(train_cfg, sm
     folder = run / "checkpoints"
     assert not list(folder.glob("*.tmp"))
     for path in folder.glob("*.ckpt"):
-        assert checkpoint.problem(path) is None
+        assert verify.problem(path) is None
         assert torch.load(path, weights_only=True)["global_step"] == 5
 
 
@@ -688,7 +688,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_earlier_checkpoints(train_cfg, sm
 def test_random_bytes_are_not_a_checkpoint_file_and_a_folder_is_a_folder(train_cfg, tmp_path: Path) -> None:
     noise = tmp_path / "noise.ckpt"
     noise.write_bytes(bytes(range(256)) * 64)
-    assert checkpoint.problem(noise) == "not a checkpoint file"
+    assert verify.problem(noise) == "not a checkpoint file"
     with pytest.raises(ConfigError, match=r"is not a checkpoint file"), checkpoint.loading(noise):
         torch.load(noise, weights_only=True)
     with pytest.raises(ConfigError, match=rf"^ckpt_path={tmp_path} is a folder \(it holds noise\.ckpt\)"):

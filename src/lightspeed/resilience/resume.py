@@ -45,15 +45,19 @@ def inspect(path: Path, warn: bool = True) -> dict[str, Any] | None:
         }
     except (pickle.UnpicklingError, EOFError, RuntimeError, KeyError, OSError, ValueError, TypeError) as err:
         if warn:
-            why = problem(path) if path.is_dir() else checkpoint.why(err, path)
+            from lightspeed.resilience.verify import why as why_not
+
+            why = problem(path) if path.is_dir() else why_not(err, path)
             rank_zero_warn(f"resume=auto: skipping {path}: not a loadable checkpoint ({why})")
         return None
 
 
 def problem(path: Path) -> str | None:
-    """`checkpoint.problem`, for a sharded checkpoint (a folder) too."""
+    """`verify.problem`, for a sharded checkpoint (a folder) too."""
     if not path.is_dir():
-        return checkpoint.problem(path)
+        from lightspeed.resilience import verify
+
+        return verify.problem(path)
     from lightspeed.resilience import sharded
 
     return sharded.problem(path)
@@ -71,7 +75,7 @@ def foreign(info: dict[str, Any], ident: dict[str, Any], adopted: bool) -> str |
 
 def latest(folder: Path, ident: dict[str, Any], adopted: bool = False) -> tuple[Path, dict[str, Any]] | None:
     """This run's checkpoint furthest into training (then the newest file) in `folder` that checks out
-    (`checkpoint.problem`); each one passed over is named in a warning line."""
+    (`verify.problem`); each one passed over is named in a warning line."""
     found = []
     if folder.is_dir() and any(folder.glob(".*.ckpt.old")):  # a save cut between its two renames
         from lightspeed.resilience import sharded

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from lightspeed.resilience import checkpoint as one_file
+from lightspeed.resilience import verify
 from lightspeed.resilience.rank_seed import gather
 
 META = "meta.pt"
@@ -191,7 +192,7 @@ def problem(folder: Path) -> str | None:
     except FileNotFoundError:
         return "a sharded checkpoint that was never finished (no meta.pt)"
     except (pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError) as err:
-        return f"its meta.pt: {one_file.why(err, folder / META)}"
+        return f"its meta.pt: {verify.why(err, folder / META)}"
     if not isinstance(meta, dict) or not isinstance(meta.get(FILES_KEY), dict):
         return "not a sharded checkpoint written by Lightspeed (meta.pt lists no files)"
     if meta.get(one_file.CHECKSUM_KEY) != one_file.checksum(meta):
@@ -211,8 +212,8 @@ def problem(folder: Path) -> str | None:
 
 
 def any_problem(path: Path) -> str | None:
-    """`problem` for a sharded checkpoint (a folder), `checkpoint.problem` for a one-file one."""
-    return problem(path) if path.is_dir() else one_file.problem(path)
+    """`problem` for a sharded checkpoint (a folder), `verify.problem` for a one-file one."""
+    return problem(path) if path.is_dir() else verify.problem(path)
 
 
 def to_one_file(folder: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from lightspeed import CONF_DIRS
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, check_checkpoint_path, locate, plain
 from lightspeed.core.files import read_json
-from lightspeed.resilience import checkpoint
+from lightspeed.resilience import checkpoint, verify
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
 from lightspeed.run import build
 
@@ -160,7 +160,7 @@ def load_module(cfg: DictConfig) -> tuple[Path, dict[str, Any], L.LightningModul
         model.on_load_checkpoint(stored)
         model.load_state_dict(weights)
     # it loads: is it sound? (a NaN model scores as if it were; a folder's files were checked above)
-    reason = checkpoint.nonfinite_weights(stored) if ckpt.is_dir() else checkpoint.problem(ckpt)
+    reason = checkpoint.nonfinite_weights(stored) if ckpt.is_dir() else verify.problem(ckpt)
     if reason is not None:
         raise ConfigError(f"ckpt_path={ckpt} cannot be evaluated: {reason}; pass another checkpoint")
     return ckpt, stored, model
