@@ -331,7 +331,7 @@ def test_a_cpu_allocation_failure_counts_as_out_of_memory() -> None:
 def test_a_collective_that_lost_its_peer_is_told_apart_from_other_errors() -> None:
     """gloo's and NCCL's words for a rank that is gone (under torchrun or SLURM no launcher of ours
     sees it end): one line without gloo's source path and advice; any other error is not one."""
-    from lightspeed.core.failures import lost_peer
+    from lightspeed.core.failure_lines import lost_peer
 
     gloo = RuntimeError(
         "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "

@@ -103,6 +103,7 @@ OPTIONAL = (
     "lightspeed.run.compose_errors",  # the wording of what Hydra refuses: only when it refuses
     "lightspeed.run.build_errors",  # and of what a constructor or the Trainer refuses
     "lightspeed.resilience.verify",  # a checkpoint on disk checked: only where one is read
+    "lightspeed.core.failure_lines",  # the line a failed fit ends in
     "optuna",
     "torch.distributed.checkpoint",
 )
