@@ -104,6 +104,7 @@ OPTIONAL = (
     "lightspeed.run.build_errors",  # and of what a constructor or the Trainer refuses
     "lightspeed.resilience.verify",  # a checkpoint on disk checked: only where one is read
     "lightspeed.core.failure_lines",  # the line a failed fit ends in
+    "lightspeed.resilience.resume_from",  # the checkpoint a rerun continues from
     "optuna",
     "torch.distributed.checkpoint",
 )

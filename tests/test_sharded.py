@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 
 from conftest import TINY, assert_resumes_exactly, module_env, run_module
 from lightspeed.core.config import ConfigError
-from lightspeed.resilience import checkpoint, resume, sharded
+from lightspeed.resilience import checkpoint, resume, resume_from, sharded
 from lightspeed.run.entry import compose_config
 from lightspeed.run.restore import load_module
 from lightspeed.train import train
@@ -73,7 +73,7 @@ def test_checkpoints_are_folders_that_check_out_resume_and_become_one_file(
         last.is_dir() and {sharded.META, ".metadata"} <= names and any(n.endswith(".distcp") for n in names)
     )
     assert not list(last.parent.glob(".*"))  # nothing left half-written beside it
-    assert resume.problem(last) is None
+    assert resume_from.problem(last) is None
     meta = sharded.read_meta(last)  # plain data (weights_only), with the run's identity
     assert meta["global_step"] == 10 and meta["identity"]["config"]["model"]["_target_"]
     # the same command again: resume=auto finds the folder, there is nothing left to train
@@ -109,15 +109,16 @@ def test_a_changed_missing_or_added_file_is_found_and_resume_passes_over_it(shar
     data[len(data) // 2] ^= 0x01  # one flipped bit in a weight
     shard.write_bytes(bytes(data))
     assert (
-        resume.problem(last) == f"its file {shard.name} no longer matches its checksum (corrupted on disk?)"
+        resume_from.problem(last)
+        == f"its file {shard.name} no longer matches its checksum (corrupted on disk?)"
     )
     (best / "extra.distcp").write_bytes(b"")
-    assert "files changed since it was written" in resume.problem(best)
+    assert "files changed since it was written" in resume_from.problem(best)
     (best / "extra.distcp").unlink()
     os.unlink(best / sharded.META)
-    assert resume.problem(best) == "a sharded checkpoint that was never finished (no meta.pt)"
+    assert resume_from.problem(best) == "a sharded checkpoint that was never finished (no meta.pt)"
     with pytest.warns(UserWarning, match="skipping .*last.ckpt: its file"):
-        assert resume.latest(last.parent, sharded.read_meta(last)["identity"]["config"]) is None
+        assert resume_from.latest(last.parent, sharded.read_meta(last)["identity"]["config"]) is None
 
 
 def test_dcp_metadata_that_names_code_is_refused_without_running_it(sharded_run, tmp_path: Path) -> None:
@@ -193,8 +194,8 @@ def test_a_crash_between_the_two_renames_leaves_the_previous_checkpoint_found(sh
     os.rename(last, folder / ".last.ckpt.old")  # the old one renamed aside; the new one never renamed in
     shutil.copytree(folder / ".last.ckpt.old", folder / ".last.ckpt.partial")
     os.unlink(folder / ".last.ckpt.partial" / sharded.META)
-    found = resume.latest(folder, ident)
-    assert found is not None and last.is_dir() and resume.problem(last) is None
+    found = resume_from.latest(folder, ident)
+    assert found is not None and last.is_dir() and resume_from.problem(last) is None
     assert not (folder / ".last.ckpt.old").exists()
 
 
