@@ -89,8 +89,8 @@ def test_hydra_composes_a_run_as_often_as_a_bare_hydra_app(
     monkeypatch.setattr(sys, "argv", argv)
     bare()
     assert ours == len(calls) == 2
-    with pytest.raises(ConfigError, match=r"^trainer.max_epochs='many' is invalid"):
-        command_line(["trainer.max_epochs=many"], tmp_path, task=validate_train)
+    with pytest.raises(ConfigError, match=r"^trainer.accumulate_grad_batches='many' is invalid"):
+        command_line(["trainer.accumulate_grad_batches=many"], tmp_path, task=validate_train)
 
 
 @pytest.mark.slow
