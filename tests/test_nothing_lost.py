@@ -801,7 +801,7 @@ BAD_INPUTS = [
     (["trainer.devices=1.5"], "trainer.devices=1.5: `devices` selected with `CPUAccelerator`"),
     (["model.net.dropout=1.5"], "model.net.dropout=1.5 is invalid"),
     (["foo=bar"], "foo is not a setting (the top level has"),
-    (["trainer.max_steps=-5"], "trainer.max_steps=-5: `max_steps` must be a non-negative integer or -1"),
+    (["trainer.max_steps=-5"], "trainer.max_steps=-5 is invalid"),
     (["callbacks.model_checkpoint.save_top_k=-2"], "callbacks.model_checkpoint.save_top_k=-2 is invalid"),
     (["monitor.mode=minimum"], "monitor.mode='minimum' is invalid"),
     (["monitor.metric=val/loss", "monitor.mode=max"], "monitor.mode=max contradicts monitor.metric=val/loss"),

@@ -99,7 +99,7 @@ def validate_train(cfg: DictConfig) -> None:
     """Raise ConfigError for the first value that cannot work, naming the key and what is allowed."""
     validate_common(cfg)
     low, high = _get(cfg, "trainer.min_epochs"), _get(cfg, "trainer.max_epochs")
-    if is_int(low) and is_int(high) and 0 <= high < low:  # a negative max_epochs: Lightning's refusal
+    if is_int(low) and is_int(high) and high != -1 and low > high:
         raise ConfigError(
             f"trainer.min_epochs={low} is more than trainer.max_epochs={high}: lower trainer.min_epochs "
             "(the epochs early stopping waits for) or raise trainer.max_epochs"

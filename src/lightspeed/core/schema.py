@@ -69,6 +69,11 @@ _SEED = (lambda v: is_int(v) and 0 <= v < 2**32, "an integer from 0 to 2**32 - 1
 _BELOW_ONE = (lambda v: is_finite(v) and 0 <= v < 1, "a number from 0 to below 1")
 _NON_NEGATIVE = (lambda v: is_finite(v) and v >= 0, "a number >= 0")
 _BETWEEN = (lambda v: is_finite(v) and 0 < v < 1, "a number between 0 and 1")
+#: How many batches of an epoch: a count, a fraction of them, or null (Lightning's default).
+_BATCHES = (
+    lambda v: v is None or (is_int(v) and v >= 0) or (is_finite(v) and 0 <= v <= 1),
+    "a number of batches >= 0, a fraction from 0 to 1, or null",
+)
 #: A name that is one folder inside its parent: no separator, not `.` or `..`.
 FOLDER_NAME = (
     lambda v: isinstance(v, str) and re.fullmatch(r"[\w.,=+-]+", v) is not None and v not in (".", ".."),
@@ -98,7 +103,7 @@ SCHEMA: dict[str, Key] = {
     "trainer.num_sanity_val_steps": Key(
         *_int_at_least(-1, " (-1: the whole validation set)"), identity=False
     ),
-    "trainer.num_nodes": Key(added=1),
+    "trainer.num_nodes": Key(*_int_at_least(1, " (machines, each started by torchrun or SLURM)"), added=1),
     "trainer.check_val_every_n_epoch": Key(*_or_null(_int_at_least(1))),
     "trainer.val_check_interval": Key(
         lambda v: (
@@ -121,7 +126,10 @@ SCHEMA: dict[str, Key] = {
     "run_name": Key(*FOLDER_NAME, identity=False, folder=True),
     "task_name": Key(*FOLDER_NAME, folder=True),
     "resume": Key(*_one_of("auto", "never"), identity=False),
-    "trainer.max_steps": Key(added=-1),
+    "trainer.max_epochs": Key(
+        lambda v: v is None or (is_int(v) and (v >= 1 or v == -1)), "an integer >= 1 (or -1 for no limit)"
+    ),
+    "trainer.max_steps": Key(*_int_at_least(-1, " (or -1 for no limit)"), added=-1),
     "trainer.accumulate_grad_batches": Key(*_int_at_least(1)),
     "trainer.deterministic": Key(
         lambda v: v is None or isinstance(v, bool) or v == "warn", "true, false or warn"
@@ -178,15 +186,19 @@ SCHEMA: dict[str, Key] = {
     "logger.tensorboard.save_dir": Key(*_named("a folder")),
     "model.optimizer.name": Key(*_named("a class in torch.optim, e.g. AdamW")),
     "model.scheduler.name": Key(*_named("none, cosine or onecycle")),
-    "trainer.overfit_batches": Key(added=0.0),
+    "trainer.overfit_batches": Key(
+        lambda v: (is_int(v) and v >= 0) or (is_finite(v) and 0 <= v <= 1),
+        "a number of batches >= 0, or a fraction of them from 0 to 1",
+        added=0.0,
+    ),
     "trainer.profiler": Key(  # Lightning takes a bool here, then fails in fit
         lambda v: v is None or isinstance(v, str) or (isinstance(v, Mapping) and "_target_" in v),
         "null, simple, advanced or pytorch, or a profiler's node with _target_",
         added=None,
     ),
-    "trainer.limit_train_batches": Key(added=1.0),
-    "trainer.limit_val_batches": Key(added=1.0),
-    "trainer.limit_test_batches": Key(added=1.0),
+    "trainer.limit_train_batches": Key(*_BATCHES, added=1.0),
+    "trainer.limit_val_batches": Key(*_BATCHES, added=1.0),
+    "trainer.limit_test_batches": Key(*_BATCHES, added=1.0),
     "shards.chunk_bytes": Key(
         lambda v: (
             (is_int(v) and v > 0)
