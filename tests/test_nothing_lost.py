@@ -508,6 +508,27 @@ def test_an_option_that_config_dir_adds_is_an_option(tmp_path: Path) -> None:
         command_line(["experiment=mine"], tmp_path)
 
 
+def test_an_optional_groups_missing_option_is_refused_not_skipped(tmp_path: Path) -> None:
+    """`optional local: default`: Hydra skips a missing option of an optional group without a word, and the
+    run would go on without the user's settings."""
+    with pytest.raises(ConfigError, match=r"^local=nosuch is not an option: use one of "):
+        command_line(["local=nosuch"], tmp_path)
+
+
+def test_an_option_that_a_yaml_file_names_is_refused_naming_that_file(tmp_path: Path) -> None:
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "bad.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /logger: nosuch\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"^logger=nosuch is not an option: use one of csv, .*a defaults list did"
+    ):
+        command_line(["--config-dir", str(tmp_path), "experiment=bad"], tmp_path)
+    with pytest.raises(ConfigError) as err:  # a primary config is no option of a group
+        command_line(["--config-name", "sub/nosuch"], tmp_path)
+    assert "is not an option" not in str(err.value) and "sub/nosuch" in str(err.value)
+
+
 def test_hydra_flags_that_would_read_other_configs_or_unpickle_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"^--experimental-rerun is not supported: it unpickles a file"):
         check_flags(["--experimental-rerun", "logs/x/.hydra/config.pickle"])

@@ -85,7 +85,7 @@ _SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
 #: Every key with a record. Identity: loader settings change speed, not batches (both loaders serve the
 #: same order); where a data set is kept and fetched from changes no byte of it (its files are verified
 #: against their published MD5s). `added`: every new key that changes what a run computes gets one
-#: (tests/test_resume.py pins the default run's hash to catch a key that was not).
+#: (tests/test_nothing_lost.py pins the default run's hash to catch a key that was not).
 SCHEMA: dict[str, Key] = {
     "seed": Key(*_SEED),
     "data.split_seed": Key(*_SEED),

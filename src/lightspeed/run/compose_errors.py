@@ -66,9 +66,9 @@ def composition_error(err: Exception, args: list[str], config_name: str = "train
     """Hydra's composition error in one line: an option that has no file names the options there are; a key
     that is not in the config names the closest one (of its node, or of another option of its group)."""
     text = str(err)
-    missing_file = getattr(err, "missing_cfg_file", None) or ""
-    if isinstance(err, MissingConfigException) and "/" in missing_file:
-        return _not_an_option(err, args)
+    line = _not_an_option(err, args) if isinstance(err, MissingConfigException) else None
+    if line is not None:
+        return line
     missing = re.search(r"Could not override '([^']+)'", text)
     if missing:
         return _not_overridden(missing[1], err, args, config_name)
@@ -79,14 +79,36 @@ def composition_error(err: Exception, args: list[str], config_name: str = "train
     return f"the command line does not compose: {first}"
 
 
-def _not_an_option(err: MissingConfigException, args: list[str]) -> str:
+def _not_an_option(err: MissingConfigException, args: list[str]) -> str | None:
     """`group=option` where no folder of Hydra's search path has `group/option.yaml`: the options there are,
-    in one line (Hydra's, where it lists them: a dozen lines with its search path)."""
-    group, _, option = str(err.missing_cfg_file).rpartition("/")
+    in one line (Hydra's, where it lists them: a dozen lines with its search path); where a yaml file chose
+    it, not the command line, says so. None where there is no option to name (a primary config)."""
+    group, _, option = str(err.missing_cfg_file or "").rpartition("/")
+    choices = err.options or options(group, args)
+    if not group or not choices or str(err).startswith("Cannot find primary config"):
+        return None
+    said = f"{group}={option} is not an option: use one of {', '.join(choices)}"
+    named_in = re.match(r"In '([^']+)'", str(err))
+    if named_in is None or _typed(group, option, args):
+        return f"{said} (or add conf/{group}/{option}.yaml)"
+    return (
+        f"{said}: the command line did not choose it, a defaults list did ({named_in[1]}.yaml, or an "
+        f"`override /{group}: {option}` in an option chosen); fix that file"
+    )
+
+
+def options(group: str, args: list[str]) -> list[str]:
+    """The options of `group` in conf/, the engine's groups and the folders the command line adds."""
     folders = [*CONF_DIRS, *config_dirs(args)]
-    choices = err.options or sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
-    add = f"conf/{group}/{option}.yaml"
-    return f"{group}={option} is not an option: use one of {', '.join(choices)} (or add {add})"
+    return sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
+
+
+def _typed(group: str, option: str, args: list[str]) -> bool:
+    """Whether the command line chose `option` for `group` (`group=a,option`, `+group=[x,option]`)."""
+    return any(
+        a.lstrip("+~").partition("=")[0] == group and option in re.split(r"[\[\],]", a.partition("=")[2])
+        for a in overrides_in(args)
+    )
 
 
 def _not_overridden(key: str, err: Exception, args: list[str], config_name: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -58,6 +59,7 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
     args = sys.argv[1:]
     check_yaml_sizes([*CONF_DIRS, *config_dirs(args)], args)
     check_flags(args)
+    check_optional_choices(args, config_name)
     started = []
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
@@ -178,6 +180,32 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
             from lightspeed.run.compose_errors import unknown_key
 
             raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
+
+
+def check_optional_choices(args: list[str], config_name: str) -> None:
+    """`group=option` for a group that the primary config names as optional (`optional local: default`), whose
+    option has no file: Hydra skips it without a word, and the run would go on without the user's settings."""
+    optional = _optional_groups(config_name)
+    for arg in args:
+        match = re.fullmatch(r"\+?([\w/]+)=\[?([\w.,-]+)\]?", arg)
+        if match is None or match[1] not in optional:
+            continue
+        from lightspeed.run.compose_errors import options  # the folders of Hydra's search path
+
+        group, choices = match[1], options(match[1], args)
+        for option in set(match[2].split(",")) - {*choices, "null"}:
+            raise ConfigError(
+                f"{group}={option} is not an option: use one of {', '.join(choices) or 'none yet'} "
+                f"(or add conf/{group}/{option}.yaml)"
+            )
+
+
+def _optional_groups(config_name: str) -> set[str]:
+    """The groups of the primary config's defaults list marked `optional`."""
+    primary = CONF_DIR / f"{config_name}.yaml"
+    defaults = OmegaConf.load(primary).get("defaults") or [] if primary.is_file() else []
+    entries = [str(k) for d in defaults if OmegaConf.is_dict(d) for k in d]
+    return {k.split()[-1] for k in entries if k.startswith("optional ")}
 
 
 #: Flags that take a value: the value is not an override.
