@@ -322,6 +322,7 @@ def _write_repeatedly(target: str, step: int, size: int, barrier: Any) -> None:
         AtomicCheckpointIO().save_checkpoint(dict(payload), target)
 
 
+@pytest.mark.slow  # two writer processes racing for ~10 s
 def test_two_writer_processes_of_one_checkpoint_path_never_tear_it(tmp_path: Path) -> None:
     """Each write has a temporary file of its own: the last rename wins, whole. Processes, not threads:
     torch.save holds the interpreter, so threads never overlap where it matters; two processes sharing

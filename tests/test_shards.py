@@ -173,7 +173,7 @@ def test_a_missing_or_unset_path_is_one_line(train_cfg, tmp_path: Path, capsys) 
         assert exit_.value.code == 2 and line in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # 2 loader workers: ~9 s
 def test_a_sharded_run_resumes_mid_epoch_bit_identically(train_cfg, tmp_path: Path, workers: int) -> None:
     out = write_shards(synthetic(), tmp_path / "shards", "16KB")  # 420 training samples in 23 chunks
     overrides = [

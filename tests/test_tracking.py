@@ -325,6 +325,7 @@ def test_a_tracking_uri_s_password_is_not_logged_with_the_config() -> None:
     )
 
 
+@pytest.mark.slow  # a server that never answers, waited for (~8 s)
 def test_an_mlflow_server_that_is_down_or_never_answers_is_one_line_before_training(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
