@@ -512,8 +512,12 @@ def test_an_option_that_config_dir_adds_is_an_option(tmp_path: Path) -> None:
 def test_an_optional_groups_missing_option_is_refused_not_skipped(tmp_path: Path) -> None:
     """`optional local: default`: Hydra skips a missing option of an optional group without a word, and the
     run would go on without the user's settings."""
-    with pytest.raises(ConfigError, match=r"^local=nosuch is not an option: use one of "):
+    with pytest.raises(ConfigError, match=r"^local=nosuch is not an option: add conf/local/nosuch.yaml"):
         command_line(["local=nosuch"], tmp_path)
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "mine.yaml").write_text("trainer:\n  max_epochs: 1\n")
+    with pytest.raises(ConfigError, match=r"^local=nosuch is not an option: use one of mine "):
+        command_line(["--config-dir", str(tmp_path), "local=nosuch"], tmp_path)
 
 
 def test_an_option_that_a_yaml_file_names_is_refused_naming_that_file(tmp_path: Path) -> None:

@@ -194,10 +194,13 @@ def check_optional_choices(args: list[str], config_name: str) -> None:
 
         group, choices = match[1], options(match[1], args)
         for option in set(match[2].split(",")) - {*choices, "null"}:
-            raise ConfigError(
-                f"{group}={option} is not an option: use one of {', '.join(choices) or 'none yet'} "
-                f"(or add conf/{group}/{option}.yaml)"
+            add = f"conf/{group}/{option}.yaml"
+            fix = (
+                f"use one of {', '.join(choices)} (or add {add})"
+                if choices
+                else f"add {add}, or leave {group} out"
             )
+            raise ConfigError(f"{group}={option} is not an option: {fix}")
 
 
 def _optional_groups(config_name: str) -> set[str]:
