@@ -87,14 +87,22 @@ def _not_an_option(err: MissingConfigException, args: list[str]) -> str | None:
     choices = err.options or options(group, args)
     if not group or not choices or str(err).startswith("Cannot find primary config"):
         return None
-    said = f"{group}={option} is not an option: use one of {', '.join(choices)}"
     named_in = re.match(r"In '([^']+)'", str(err))
     if named_in is None or _typed(group, option, args):
-        return f"{said} (or add conf/{group}/{option}.yaml)"
+        return not_an_option(group, option, choices)
     return (
-        f"{said}: the command line did not choose it, a defaults list did ({named_in[1]}.yaml, or an "
+        f"{group}={option} is not an option: use one of {', '.join(choices)}: the command line did not "
+        f"choose it, a defaults list did ({named_in[1]}.yaml, or an "
         f"`override /{group}: {option}` in an option chosen); fix that file"
     )
+
+
+def not_an_option(group: str, option: str, choices: list[str]) -> str:
+    """The line for `group=option` chosen on the command line with no file: the options there are, or the
+    file to add."""
+    add = f"conf/{group}/{option}.yaml"
+    fix = f"use one of {', '.join(choices)} (or add {add})" if choices else f"add {add}, or leave {group} out"
+    return f"{group}={option} is not an option: {fix}"
 
 
 def options(group: str, args: list[str]) -> list[str]:

@@ -190,17 +190,11 @@ def check_optional_choices(args: list[str], config_name: str) -> None:
         match = re.fullmatch(r"\+?([\w/]+)=\[?([\w.,-]+)\]?", arg)
         if match is None or match[1] not in optional:
             continue
-        from lightspeed.run.compose_errors import options  # the folders of Hydra's search path
+        from lightspeed.run.compose_errors import not_an_option, options  # Hydra's search path
 
-        group, choices = match[1], options(match[1], args)
+        choices = options(match[1], args)
         for option in set(match[2].split(",")) - {*choices, "null"}:
-            add = f"conf/{group}/{option}.yaml"
-            fix = (
-                f"use one of {', '.join(choices)} (or add {add})"
-                if choices
-                else f"add {add}, or leave {group} out"
-            )
-            raise ConfigError(f"{group}={option} is not an option: {fix}")
+            raise ConfigError(not_an_option(match[1], option, choices))
 
 
 def _optional_groups(config_name: str) -> set[str]:
