@@ -293,7 +293,7 @@ def test_without_any_hydra_plugin_a_command_line_runs_and_a_launcher_of_the_extr
     submitit launcher in it raises instead of finding nothing (its `make train` was a traceback)."""
     import importlib.util
 
-    from lightspeed.run.entry import check_flags
+    from lightspeed.run.command_line import check_flags
 
     real = importlib.util.find_spec
 

@@ -17,7 +17,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import TINY, command_line
-from lightspeed.core.config import exit_on_config_error, flat_keys
+from lightspeed.core.config import exit_on_config_error
+from lightspeed.run.compose_errors import flat_keys
 from lightspeed.run.entry import compose_config
 from lightspeed.train import train
 

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from conftest import TINY, command_line
+from lightspeed import CONF_DIRS
 from lightspeed.core.config import exit_on_config_error
-from lightspeed.run.entry import CONF_DIRS
 from lightspeed.train import train
 
 #: (group, shipped option, what it runs with: an option that fits only its own data or model)

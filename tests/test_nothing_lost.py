@@ -34,7 +34,8 @@ from lightspeed.eval import run as evaluate
 from lightspeed.resilience import checkpoint, identity, lock, resume, verify
 from lightspeed.resilience.checkpoint import AtomicCheckpointIO
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
-from lightspeed.run.entry import check_flags, check_known_keys
+from lightspeed.run.command_line import check_flags
+from lightspeed.run.entry import check_known_keys
 from lightspeed.train import Run, train
 from probes import Fault
 
@@ -937,7 +938,7 @@ def test_a_yaml_bomb_through_config_dir_is_one_line_before_hydra_builds_it(
     """Nine levels of nine aliases: 9^9 (387 million) values once copied out, which Hydra would build for
     minutes (a hang); or 20,000 nested lists (Hydra's RecursionError traceback). Read on PyYAML's node
     graph, either is refused at once, in a `--config-dir` of the command line too; conf/ passes."""
-    from lightspeed.core.config import check_yaml_sizes
+    from lightspeed.run.command_line import check_yaml_sizes
 
     lines = ["# @package _global_", 'l0: &l0 ["x","x","x","x","x","x","x","x","x"]']
     lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)]

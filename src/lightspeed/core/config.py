@@ -8,7 +8,7 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lightspeed import CONF_DIR, CONF_DIRS
+from lightspeed import CONF_DIRS
 from lightspeed.core.schema import FOLDER_NAME, SCHEMA, is_int, is_number
 
 #: Exit code for a bad config (training failures exit 1, like any Python error).
@@ -142,28 +142,6 @@ CLUSTER_VARIABLES = (
 )
 
 
-def check_checkpoint_path(path: Path, other: str = "") -> None:
-    """A `ckpt_path` that is a file or a sharded checkpoint's folder; else one line saying what it is."""
-    other = f", {other}" if other else ""
-    if path.is_dir():
-        _check_checkpoint_folder(path, other)
-    elif path.exists() and not path.is_file():
-        raise ConfigError(
-            f"ckpt_path={path} is not a regular file (a fifo, a device): pass the path of a .ckpt file{other}"
-        )
-    elif not path.is_file():
-        raise ConfigError(f"ckpt_path={path} does not exist: pass the path of a .ckpt file{other}")
-
-
-def _check_checkpoint_folder(path: Path, other: str) -> None:
-    """A sharded checkpoint's folder (resilience/sharded.py), not a folder of .ckpt files."""
-    if (path / "meta.pt").is_file() or (path / ".metadata").is_file():
-        return
-    found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
-    hint = f" (it holds {', '.join(found)})" if found else ""
-    raise ConfigError(f"ckpt_path={path} is a folder{hint}: pass the .ckpt file itself{other}")
-
-
 def _select(cfg: DictConfig, key: str) -> Any:
     """The key's value, or _ABSENT; one line where a node on its path is no mapping (a yaml file made
     `model` a list, say) or its value's `${...}` cannot be resolved, where OmegaConf would raise its own."""
@@ -188,12 +166,34 @@ def _select(cfg: DictConfig, key: str) -> Any:
         ) from None
 
 
+def check_checkpoint_path(path: Path, other: str = "") -> None:
+    """A `ckpt_path` that is a file or a sharded checkpoint's folder; else one line saying what it is."""
+    other = f", {other}" if other else ""
+    if path.is_dir():
+        _check_checkpoint_folder(path, other)
+    elif path.exists() and not path.is_file():
+        raise ConfigError(
+            f"ckpt_path={path} is not a regular file (a fifo, a device): pass the path of a .ckpt file{other}"
+        )
+    elif not path.is_file():
+        raise ConfigError(f"ckpt_path={path} does not exist: pass the path of a .ckpt file{other}")
+
+
+def _check_checkpoint_folder(path: Path, other: str) -> None:
+    """A sharded checkpoint's folder (resilience/sharded.py), not a folder of .ckpt files."""
+    if (path / "meta.pt").is_file() or (path / ".metadata").is_file():
+        return
+    found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
+    hint = f" (it holds {', '.join(found)})" if found else ""
+    raise ConfigError(f"ckpt_path={path} is a folder{hint}: pass the .ckpt file itself{other}")
+
+
 def validate_common(cfg: DictConfig) -> None:
     """The checks that train, eval and shards share."""
-    for key in (k for k, rule in SCHEMA.items() if rule.check is not None):
-        value = _select(cfg, key)
-        if value is not _ABSENT:
-            check_rule(key, value)
+    for key, rule in SCHEMA.items():
+        value = _select(cfg, key) if rule.check is not None else _ABSENT
+        if value is not _ABSENT and not rule.check(value):  # type: ignore[misc]
+            raise ConfigError(f"{key}={value!r} is invalid: use {rule.allowed}")
     val, test = _get(cfg, "data.val_fraction"), _get(cfg, "data.test_fraction")
     if is_number(val) and is_number(test) and val + test >= 1:
         raise ConfigError(
@@ -214,12 +214,6 @@ def validate_writable(cfg: DictConfig) -> None:
         )
 
 
-def flat_keys(node: Any, prefix: str = "") -> list[str]:
-    """Every dotted key of a config container, parents included."""
-    items = node.items() if isinstance(node, dict) else ()
-    return [k for key, value in items for k in (f"{prefix}{key}", *flat_keys(value, f"{prefix}{key}."))]
-
-
 def flatten(node: Any, sep: str = ".", prefix: str = "") -> dict[str, Any]:
     """Each leaf of a config container by its keys joined with `sep` (an empty mapping is a leaf)."""
     if isinstance(node, dict) and node:
@@ -238,73 +232,9 @@ def check_retired(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} {instead}")
 
 
-#: Values a yaml file of conf/ may expand to: far above any real config, far below a "billion laughs".
-MAX_YAML_VALUES = 100_000
-
-
-def config_dirs(args: Sequence[str]) -> list[Path]:
-    """The folders a command line adds to the search path: `--config-dir X`, `-cd X`, `=X` forms, the
-    abbreviations argparse takes (`--config-d X`), and the `file://` entries of `hydra.searchpath=[...]`."""
-    found = []
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag == "-cd" or (len(flag) >= len("--config-d") and "--config-dir".startswith(flag)):
-            found += [Path(value)] if eq else [Path(args[i + 1])] if i + 1 < len(args) else []
-        if flag.lstrip("+") == "hydra.searchpath":
-            found += [Path(p) for p in re.findall(r"file://([^,\]\s'\"]+)", value)]
-    return found
-
-
-def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,), named: Sequence[str] = ()) -> None:
-    """Refuse a yaml file whose aliases (`*name`) expand past MAX_YAML_VALUES values (Hydra would build every
-    copy, hanging for minutes), counted on PyYAML's node graph, each aliased node once; or nested deeper than
-    Python's recursion limit (Hydra's traceback)."""
-    import yaml
-
-    for path in yaml_files(folders, named):
-        try:
-            root = yaml.compose(path.read_text())
-            n = _expanded(root, {}) if root is not None else 0
-        except (yaml.YAMLError, OSError, UnicodeDecodeError):
-            continue  # Hydra's own error says what is wrong with it
-        except RecursionError:
-            raise ConfigError(f"{path} is nested too deeply to read: flatten it") from None
-        if n > MAX_YAML_VALUES:
-            raise ConfigError(
-                f"{path} would expand to {n} values through its aliases (*name): remove the repeated aliases"
-            )
-
-
 def known_groups() -> set[str]:
     """The folders of conf/ and the engine's groups (not Python's `__pycache__` beside the engine's)."""
     return {g.name for d in CONF_DIRS if d.is_dir() for g in d.iterdir() if g.is_dir() and g.name[0] != "_"}
-
-
-def yaml_files(folders: Sequence[Path], named: Sequence[str]) -> list[Path]:
-    """What Hydra may read in these folders: primary configs, and the options of the known groups and of any
-    group the command line names (`+mygroup=x`), two levels deep (hydra/launcher/x.yaml)."""
-    groups = known_groups() | {m[1] for arg in named if (m := re.match(r"[+~]*([\w/-]+)=", arg))}
-    patterns = ["*.yaml", *(f"{g}/*.yaml" for g in groups), *(f"{g}/*/*.yaml" for g in groups)]
-    return sorted({p for folder in map(Path, folders) for pattern in patterns for p in folder.glob(pattern)})
-
-
-def _expanded(node: Any, sizes: dict[int, int]) -> int:
-    """How many values a yaml node stands for once every alias is copied out (memoised per node)."""
-    import yaml
-
-    if id(node) not in sizes:
-        sizes[id(node)] = 0  # a cycle counts once
-        children = node.value if isinstance(node.value, list) else []
-        items = [c for pair in children for c in pair] if isinstance(node, yaml.MappingNode) else children
-        sizes[id(node)] = 1 + sum(_expanded(c, sizes) for c in items)
-    return sizes[id(node)]
-
-
-def check_rule(key: str, value: Any) -> None:
-    """`value` passes `key`'s check in `schema.SCHEMA`, or one line naming what is allowed."""
-    rule = SCHEMA[key]
-    if rule.check is not None and not rule.check(value):
-        raise ConfigError(f"{key}={value!r} is invalid: use {rule.allowed}")
 
 
 def check_folder_names(cfg: DictConfig) -> None:
@@ -316,8 +246,3 @@ def check_folder_names(cfg: DictConfig) -> None:
         if value is not None and not ok(value):
             said = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
             raise ConfigError(f"{key}={said!r} (as resolved) is invalid: use {allowed}")
-
-
-def is_group(name: str) -> bool:
-    """Whether `name` is a config group: a folder of the project's conf/ or of the engine's groups."""
-    return any((d / name).is_dir() for d in CONF_DIRS)

@@ -8,6 +8,7 @@ import re
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -19,14 +20,11 @@ from lightspeed import CONF_DIR, CONF_DIRS
 from lightspeed.core.config import (
     RETIRED,
     ConfigError,
-    config_dirs,
     first_line,
-    flat_keys,
-    is_group,
     plain,
-    yaml_files,
 )
-from lightspeed.run.entry import WITH_VALUE, Refused
+from lightspeed.run.command_line import WITH_VALUE, config_dirs, yaml_files
+from lightspeed.run.entry import Refused
 
 
 def refusal(caught: BaseException, started: list[bool], args: list[str], config_name: str) -> BaseException:
@@ -240,3 +238,14 @@ def unreadable_yaml(err: Exception, folders: Sequence[Path], named: Sequence[str
             continue
     first = first_line(err).rstrip(".")
     return f"{first}: fix that yaml file (a defaults list is a list of group: option lines)"
+
+
+def flat_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a config container, parents included."""
+    items = node.items() if isinstance(node, dict) else ()
+    return [k for key, value in items for k in (f"{prefix}{key}", *flat_keys(value, f"{prefix}{key}."))]
+
+
+def is_group(name: str) -> bool:
+    """Whether `name` is a config group: a folder of the project's conf/ or of the engine's groups."""
+    return any((d / name).is_dir() for d in CONF_DIRS)

@@ -4,9 +4,7 @@ folder, let Hydra compose the config once, reword its errors in one line, route 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
-import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -24,14 +22,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from lightspeed import CONF_DIR, CONF_DIRS
+from lightspeed import CONF_DIR
 from lightspeed.core.config import (
     FOLDER_KEYS,
     ConfigError,
     check_folder_names,
     check_retired,
-    check_yaml_sizes,
-    config_dirs,
     exit_on_config_error,
     known_groups,
 )
@@ -39,6 +35,7 @@ from lightspeed.core.failures import process_group_released
 from lightspeed.core.files import write_text_atomically
 from lightspeed.core.logs import route_to_run_log
 from lightspeed.resilience import identity, lock
+from lightspeed.run.command_line import check_command_line
 
 identity.register_resolver()
 
@@ -57,9 +54,7 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
     """Run `task` as `python -m lightspeed.<config_name> <sys.argv>` does: what Hydra or `Checks` refuse
     before the task starts is a ConfigError of one line; an error after that is the task's own."""
     args = sys.argv[1:]
-    check_yaml_sizes([*CONF_DIRS, *config_dirs(args)], args)
-    check_flags(args)
-    check_optional_choices(args, config_name)
+    check_command_line(args, config_name)
     started = []
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
@@ -180,77 +175,6 @@ def check_known_keys(cfg: DictConfig, config_name: str) -> None:
             from lightspeed.run.compose_errors import unknown_key
 
             raise ConfigError(unknown_key(str(key), sorted(known), "remove it"))
-
-
-def check_optional_choices(args: list[str], config_name: str) -> None:
-    """`group=option` for a group that the primary config names as optional (`optional local: default`), whose
-    option has no file: Hydra skips it without a word, and the run would go on without the user's settings."""
-    optional = _optional_groups(config_name)
-    for arg in args:
-        match = re.fullmatch(r"\+?([\w/]+)=\[?([\w.,-]+)\]?", arg)
-        if match is None or match[1] not in optional:
-            continue
-        from lightspeed.run.compose_errors import not_an_option, options  # Hydra's search path
-
-        choices = options(match[1], args)
-        for option in set(match[2].split(",")) - {*choices, "null"}:
-            raise ConfigError(not_an_option(match[1], option, choices))
-
-
-def _optional_groups(config_name: str) -> set[str]:
-    """The groups of the primary config's defaults list marked `optional`."""
-    primary = CONF_DIR / f"{config_name}.yaml"
-    defaults = OmegaConf.load(primary).get("defaults") or [] if primary.is_file() else []
-    entries = [str(k) for d in defaults if OmegaConf.is_dict(d) for k in d]
-    return {k.split()[-1] for k in entries if k.startswith("optional ")}
-
-
-#: Flags that take a value: the value is not an override.
-WITH_VALUE = {
-    "--config-dir",
-    "-cd",
-    "--config-name",
-    "-cn",
-    "--cfg",
-    "-c",
-    "--package",
-    "-p",
-    "--info",
-    "-i",
-}
-
-
-def check_flags(args: list[str]) -> None:
-    """Refuse Hydra's flags that would read configs from elsewhere or unpickle a file, and a launcher
-    whose plugin (an extra) is not installed, in one line each."""
-    rest = iter(args)
-    for arg in rest:
-        flag, eq, _ = arg.partition("=")
-        if not arg.startswith("-"):
-            _check_launcher_installed(arg)
-        elif flag in WITH_VALUE and not eq:
-            next(rest, "")
-        elif flag in ("--config-path", "-cp"):
-            raise ConfigError(f"{flag} is not supported here: use --config-dir <folder> to add configs")
-        elif flag == "--experimental-rerun":  # it unpickles a file: data must not choose code
-            raise ConfigError("--experimental-rerun is not supported: it unpickles a file; rerun the command")
-
-
-def _check_launcher_installed(override: str) -> None:
-    """The engine's hydra/launcher/{slurm,local}.yaml build on hydra-submitit-launcher, an extra: without
-    it, one line naming the install instead of Hydra's "Could not find 'hydra/launcher/submitit_slurm'"."""
-    key, _, value = override.lstrip("+").partition("=")
-    if key != "hydra/launcher" or value not in ("slurm", "local"):
-        return
-    try:
-        missing = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None
-    except ModuleNotFoundError:  # no Hydra plugin at all: no `hydra_plugins` package to look in
-        missing = True
-    if missing:
-        raise ConfigError(
-            f"hydra/launcher={value} needs Hydra's submitit launcher, which is not installed: "
-            "make install EXTRAS=dev,cluster (or pip install hydra-submitit-launcher)"
-        )
 
 
 def compose_config(config_name: str, overrides: list[str], log_dir: Path) -> DictConfig:
