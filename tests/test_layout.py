@@ -105,6 +105,7 @@ OPTIONAL = (
     "lightspeed.resilience.verify",  # a checkpoint on disk checked: only where one is read
     "lightspeed.core.failure_lines",  # the line a failed fit ends in
     "lightspeed.resilience.resume_from",  # the checkpoint a rerun continues from
+    "lightspeed.speed.on_model",  # channels_last and torch.compile: only where one is on
     "optuna",
     "torch.distributed.checkpoint",
 )

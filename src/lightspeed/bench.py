@@ -75,7 +75,7 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
     from lightspeed.data.base import on_device_choice
     from lightspeed.run import build
     from lightspeed.run.entry import compose_config
-    from lightspeed.speed import accel, handloop
+    from lightspeed.speed import accel, handloop, on_model
 
     cfg = compose_config("train", overrides, run_dir / "logs")
     if int(cfg.trainer.get("accumulate_grad_batches", 1)) != 1:
@@ -117,7 +117,7 @@ def hand_run(run_dir: Path, steps: int, warmup: str, overrides: list[str]) -> in
         precision=str(cfg.trainer.precision),
         channels_last=accel.resolve_channels_last(cfg, net),
         # as the preset does: uncompiled where the backend cannot work here
-        compile=bool(knobs.compile) and accel.compile_problem(str(knobs.compile_backend), device) is None,
+        compile=bool(knobs.compile) and on_model.compile_problem(str(knobs.compile_backend), device) is None,
         compile_mode=str(knobs.compile_mode),
         compile_backend=str(knobs.compile_backend),
         benchmark=bool(cfg.trainer.benchmark),

@@ -26,7 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from lightspeed.core.device import cpu_count
-from lightspeed.speed.accel import auto_num_workers, compile_problem
+from lightspeed.speed.accel import auto_num_workers
+from lightspeed.speed.on_model import compile_problem
 
 # Oldest Linux driver for each CUDA major version of torch's build (CUDA's minor-version compatibility).
 MIN_DRIVER = {11: 450, 12: 525, 13: 580}

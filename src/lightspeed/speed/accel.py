@@ -5,11 +5,10 @@ A knob that cannot help on this device becomes a no-op, and one info line lists 
 from __future__ import annotations
 
 import inspect
-from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.compat.trainer import unified_precision
@@ -213,51 +212,12 @@ def resolve_channels_last(cfg: DictConfig, model: torch.nn.Module) -> bool:
 def apply_to_model(cfg: DictConfig, model: L.LightningModule) -> None:
     """channels_last for the weights and the forward's inputs; torch.compile of the forward. Asks nothing of
     the module but that its steps call it (`self(x)`), and nothing of the DataModule."""
-    accel = cfg.get("accel", {})
-    if accel.get("compile", False):
-        model.example_input_array = None  # the summary's batch of 2 would compile a second, dynamic graph
-    if resolve_channels_last(cfg, model):
-        model.to(memory_format=torch.channels_last)
-        model.register_forward_pre_hook(inputs_channels_last, with_kwargs=True)
-    if accel.get("compile", False):
-        backend = str(accel.get("compile_backend", "inductor"))
-        problem = compile_problem(backend, device_type(cfg))
-        if problem:
-            rank_zero_warn(
-                f"accel.compile=true: torch.compile's {backend} backend fails here ({problem}); "
-                "training uncompiled"
-            )
-            return
-        # The module's forward, compiled on the instance: the state dict keeps its keys (no `_orig_mod.`
-        # prefix), so checkpoints load into compiled and uncompiled models alike; and the steps around it
-        # stay eager (under DDP Lightning calls the whole module, step, self.log and metric updates
-        # included, whose changing values would recompile every step).
-        mode = None if accel.get("compile_mode", "default") == "default" else accel.compile_mode
-        model.forward = torch.compile(model.forward, mode=mode, backend=backend)
+    knobs = cfg.get("accel", {})
+    channels_last, compile_ = resolve_channels_last(cfg, model), bool(knobs.get("compile", False))
+    if channels_last or compile_:
+        from lightspeed.speed import on_model  # only where a knob changes the module
 
-
-def inputs_channels_last(
-    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """A forward pre-hook: 4-D tensor arguments in channels_last (those already so pass unchanged)."""
-
-    def convert(a: Any) -> Any:
-        four_d = isinstance(a, torch.Tensor) and a.dim() == 4
-        return a.contiguous(memory_format=torch.channels_last) if four_d else a
-
-    return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
-
-
-def compile_problem(backend: str, device: str) -> str | None:
-    """Compile and run a two-op function: a missing compiler or Triton shows up here, in seconds,
-    rather than at the first training step. Returns the error's first line, or None."""
-    target = "cuda" if device == "cuda" else "cpu"
-    try:
-        fn = torch.compile(lambda x: torch.relu(x) * 2, backend=backend)
-        fn(torch.ones(8, device=target))
-    except Exception as err:  # any failure means: do not compile
-        return first_line(err)[:200]
-    return None
+        on_model.apply(model, channels_last, knobs if compile_ else None, device_type(cfg))
 
 
 def compiled_frames() -> int:
