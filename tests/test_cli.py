@@ -344,15 +344,15 @@ def test_a_refused_start_removes_a_lock_only_where_it_took_it(tmp_path: Path) ->
     """Two starts of one new run: the one refused because the other holds the lock leaves that lock (and the
     other's run.json) alone; a start that took the lock itself and was refused removes its folder."""
     from lightspeed.resilience import identity, lock
-    from lightspeed.run import entry
+    from lightspeed.run import compose_errors, entry
 
     folder = tmp_path / "run"
     (folder / ".hydra").mkdir(parents=True)
     for name in (lock.LOCK_FILE, identity.RECORD_FILE):
         (folder / name).write_text("{}")
-    entry._NEW_FOLDERS.add(folder.resolve())
-    entry._undo_refused_start(folder, "train")
+    entry.NEW_FOLDERS.add(folder.resolve())
+    compose_errors.undo_refused_start(folder, "train")
     assert (folder / lock.LOCK_FILE).is_file() and (folder / identity.RECORD_FILE).is_file()
     lock.TAKEN.add(folder.resolve())
-    entry._undo_refused_start(folder, "train")
+    compose_errors.undo_refused_start(folder, "train")
     assert not folder.exists()

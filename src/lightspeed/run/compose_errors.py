@@ -1,10 +1,12 @@
-"""Hydra's composition errors in one line naming the key and the fix: imported only when Hydra refuses a
-command line or a yaml file (`entry.run`), so a run that composes never loads it."""
+"""Hydra's composition errors in one line naming the key and the fix, and the run folder of a refused start
+put back: imported only when a command line, a yaml file or a setting is refused (`entry.run`), so a run
+that starts never loads it."""
 
 from __future__ import annotations
 
 import difflib
 import re
+import shutil
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +25,9 @@ from lightspeed.core.config import (
     first_line,
     plain,
 )
+from lightspeed.core.files import write_text_atomically
+from lightspeed.resilience import identity, lock
+from lightspeed.run import entry
 from lightspeed.run.command_line import WITH_VALUE, config_dirs, yaml_files
 from lightspeed.run.entry import Refused
 
@@ -249,3 +254,20 @@ def flat_keys(node: Any, prefix: str = "") -> list[str]:
 def is_group(name: str) -> bool:
     """Whether `name` is a config group: a folder of the project's conf/ or of the engine's groups."""
     return any((d / name).is_dir() for d in CONF_DIRS)
+
+
+def undo_refused_start(folder: Path, job: str) -> None:
+    """Remove a run folder Hydra made for this run if it holds only what this start wrote (`.hydra/`, the
+    log; the lock and run.json where it took the lock: a setting refused as the trainer was built); in one
+    that was there (another run's), put back the `.hydra/` files this run's start wrote over."""
+    for path, data in entry.HYDRA_FILES.pop(folder.resolve(), {}).items():
+        write_text_atomically(path, data)
+    ours = {folder / ".hydra", folder / f"{job}.log"}
+    if folder.resolve() in lock.TAKEN:  # this start's lock and run.json, not a concurrent start's
+        ours |= {folder / lock.LOCK_FILE, folder / identity.RECORD_FILE}
+    if folder.resolve() not in entry.NEW_FOLDERS or not set(folder.iterdir()) <= ours:
+        return
+    shutil.rmtree(folder / ".hydra", ignore_errors=True)
+    for name in ours - {folder / ".hydra"}:
+        name.unlink(missing_ok=True)
+    folder.rmdir()

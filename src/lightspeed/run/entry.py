@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,6 @@ from lightspeed.core.config import (
     known_groups,
 )
 from lightspeed.core.failures import process_group_released
-from lightspeed.core.files import write_text_atomically
 from lightspeed.core.logs import route_to_run_log
 from lightspeed.resilience import identity, lock
 from lightspeed.run.command_line import check_command_line
@@ -65,7 +63,9 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
             return task(cfg)  # Hydra sweepers read the return value
         except SystemExit as stop:
             if stop.code == 2:  # the task refused its config: a folder of Hydra's files alone is not a run
-                _undo_refused_start(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().job.name)
+                from lightspeed.run.compose_errors import undo_refused_start
+
+                undo_refused_start(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().job.name)
             raise
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of printing a dozen lines
@@ -95,33 +95,16 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
 
 
 #: The run folders that did not exist when `Checks` saw the run start: Hydra made them for this run.
-_NEW_FOLDERS: set[Path] = set()
+NEW_FOLDERS: set[Path] = set()
 #: The `.hydra/` files of a run folder that existed then: what Hydra writes over, a run refused before it
 #: started (the first process of it) puts back.
-_HYDRA_FILES: dict[Path, dict[Path, str]] = {}
+HYDRA_FILES: dict[Path, dict[Path, str]] = {}
 
 
 def keep_hydra_files() -> None:
     """The run has started in its folder (it passed its checks and resume): its `.hydra/` files stay, even
     if it later ends in a one-line error."""
-    _HYDRA_FILES.clear()
-
-
-def _undo_refused_start(folder: Path, job: str) -> None:
-    """Remove a run folder Hydra made for this run if it holds only what this start wrote (`.hydra/`, the
-    log; the lock and run.json where it took the lock: a setting refused as the trainer was built); in one
-    that was there (another run's), put back the `.hydra/` files this run's start wrote over."""
-    for path, data in _HYDRA_FILES.pop(folder.resolve(), {}).items():
-        write_text_atomically(path, data)
-    ours = {folder / ".hydra", folder / f"{job}.log"}
-    if folder.resolve() in lock.TAKEN:  # this start's lock and run.json, not a concurrent start's
-        ours |= {folder / lock.LOCK_FILE, folder / identity.RECORD_FILE}
-    if folder.resolve() not in _NEW_FOLDERS or not set(folder.iterdir()) <= ours:
-        return
-    shutil.rmtree(folder / ".hydra", ignore_errors=True)
-    for name in ours - {folder / ".hydra"}:
-        name.unlink(missing_ok=True)
-    folder.rmdir()
+    HYDRA_FILES.clear()
 
 
 class Refused(BaseException):
@@ -138,10 +121,10 @@ class Checks(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check(config)
         folder = Path(str(config.hydra.run.dir)).resolve()
-        (_NEW_FOLDERS.discard if folder.exists() else _NEW_FOLDERS.add)(folder)  # as it is at this start
+        (NEW_FOLDERS.discard if folder.exists() else NEW_FOLDERS.add)(folder)  # as it is at this start
         subdir = config.hydra.get("output_subdir")
         if subdir is not None and lock.first_process():  # the other ranks' Hydra writes the same files
-            _HYDRA_FILES[folder] = {p: p.read_text() for p in (folder / subdir).glob("*.yaml") if p.is_file()}
+            HYDRA_FILES[folder] = {p: p.read_text() for p in (folder / subdir).glob("*.yaml") if p.is_file()}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check(config)
