@@ -218,7 +218,7 @@ def test_keys_a_newer_lightspeed_added_at_their_defaults_are_no_difference(monke
     monkeypatch.setattr(identity, "ADDED_KEYS", {"data.new_knob": 3})
     assert identity.identity({"seed": 1, "data": {"batch_size": 64, "new_knob": 3}}) == identity.identity(old)
     changed = identity.identity({"seed": 1, "data": {"batch_size": 64, "new_knob": 4}})
-    assert identity.differences(identity.identity(old), changed) == ["data.new_knob: (absent) -> 4"]
+    assert verify.differences(identity.identity(old), changed) == ["data.new_knob: (absent) -> 4"]
 
 
 def test_the_default_runs_identity_is_pinned(train_cfg) -> None:

@@ -121,12 +121,10 @@ def test_trials_that_fail_in_their_run_count_and_the_search_ends(tmp_path: Path)
 
 
 def _search_cfg(folder: Path, *overrides: str):
-    """The search's config as train.py hands it to search.run: composed, its monitor settled."""
+    """The search's config as train.py hands it to search.run: composed (search.run settles its monitor)."""
     from lightspeed.run.entry import compose_config
-    from lightspeed.run.monitor import settle
 
     cfg = compose_config("train", [*SEARCH, "hparams_search.n_trials=5", *overrides], folder)
-    settle(cfg)
     cfg.paths.output_dir = str(folder / "search")
     return cfg
 

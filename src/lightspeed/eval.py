@@ -20,7 +20,7 @@ from lightspeed.core.logs import silence_known_noise
 from lightspeed.core.schema import SCHEMA
 from lightspeed.data.base import ArrayDataModule
 from lightspeed.report import confusion_matrix, figures, viz
-from lightspeed.resilience import identity
+from lightspeed.resilience import identity, verify
 from lightspeed.resilience.identity import CLASS_NAMES_KEY, DATA_CONFIG_KEY, FROM_DATA_KEY, TRAIN_SAMPLES_KEY
 from lightspeed.run import build, tracking
 from lightspeed.run.entry import hydra_entry
@@ -182,13 +182,13 @@ def _say_which(cfg: DictConfig, run_data: dict[str, Any], given: list[str], ckpt
     """Whether the command line gives the data (not only where it is); either way, a line naming how the
     data evaluated on differs from the run's."""
     what = [k for k in given if k == "data" or k.split(".")[1] not in PLACE_KEYS]
-    diffs = identity.differences(identity.identity({"data": run_data}), identity.of(cfg))
+    diffs = verify.differences(identity.identity({"data": run_data}), identity.of(cfg))
     diffs = [d for d in diffs if d.startswith("data.")]
     if what and diffs:
-        rank_zero_info(f"data: as given, not the run's ({identity.describe(diffs)})")
+        rank_zero_info(f"data: as given, not the run's ({verify.describe(diffs)})")
     elif diffs and run_data.get("_target_") == cfg.data.get("_target_"):
         rank_zero_info(
-            f"data: the run's own, as saved in {ckpt.name} (conf/data differs: {identity.describe(diffs)}); "
+            f"data: the run's own, as saved in {ckpt.name} (conf/data differs: {verify.describe(diffs)}); "
             "pass data=... to evaluate on other data"
         )
     return bool(what)

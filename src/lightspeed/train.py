@@ -349,18 +349,9 @@ def train_or_search(
     sweepers read. A project's train.py passes its own `train`."""
     if not cfg.get("hparams_search"):
         return run(cfg, ()).score
-    with exit_on_config_error():
-        validate_train(cfg)
-        if cfg.trainer.get("devices", 1) != 1 or cfg.trainer.get("num_nodes", 1) != 1:
-            raise ConfigError(
-                "hparams_search cannot drive a multi-process trainer (trainer.devices or num_nodes above 1): "
-                "Lightning relaunches this command for each rank, and each would run its own search; search "
-                "on one device (trainer=cpu or trainer=gpu)"
-            )
-        monitor.settle(cfg)
-        from lightspeed.run import search  # Optuna's, only for a search
+    from lightspeed.run import search  # Optuna's, only for a search
 
-        return search.run(cfg, lambda trial_cfg, pruning: run(trial_cfg, pruning).score)
+    return search.run(cfg, lambda trial_cfg, pruning: run(trial_cfg, pruning).score)
 
 
 #: Console entry point: `lightspeed-train` and `python -m lightspeed.train`.

@@ -21,7 +21,6 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR, __version__
-from lightspeed.core.config import ConfigError, flatten
 from lightspeed.core.files import read_json, write_text_atomically
 from lightspeed.core.schema import ORIGINAL, SCHEMA
 
@@ -84,22 +83,6 @@ def run_id(*, _root_: DictConfig) -> str:
 def register_resolver() -> None:
     """Make `${lightspeed.run_id:}` known to OmegaConf; needed before Hydra composes a config."""
     OmegaConf.register_new_resolver("lightspeed.run_id", run_id, replace=True)
-
-
-def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`key: stored -> current` for every leaf that differs, sorted by key."""
-    a, b = flatten(stored), flatten(current)
-    missing = object()
-    return [
-        f"{key}: {_show(a.get(key, missing))} -> {_show(b.get(key, missing))}"
-        for key in sorted(a.keys() | b.keys())
-        if a.get(key, missing) != b.get(key, missing)
-    ]
-
-
-def describe(diffs: list[str], most: int = 3) -> str:
-    more = f" and {len(diffs) - most} more" if len(diffs) > most else ""
-    return "; ".join(diffs[:most]) + more
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
@@ -210,6 +193,8 @@ class RunIdentity(L.Callback):
             and path
             and Path(path).resolve().is_relative_to(Path(trainer.default_root_dir).resolve())
         ):
+            from lightspeed.resilience.verify import check_same_samples  # only where a checkpoint is loaded
+
             check_same_samples(checkpoint, self.ident, trainer.datamodule, "this run's checkpoint")
 
     def on_save_checkpoint(
@@ -232,29 +217,6 @@ class RunIdentity(L.Callback):
         names = getattr(trainer.datamodule, "class_names", None)
         if names is not None:
             checkpoint[CLASS_NAMES_KEY] = [str(n) for n in names]  # plain strings, whatever the type
-
-
-def check_same_samples(checkpoint: dict[str, Any], ident: dict[str, Any], datamodule: Any, name: str) -> None:
-    """Resuming a run's own checkpoint on data whose training split has other samples (an image added: every
-    split drawn anew, test images among the training ones) is a ConfigError naming the change; another run's
-    is not checked."""
-    trained, ids = checkpoint.get(TRAIN_SAMPLES_KEY), getattr(datamodule, "sample_ids", None)
-    own = (checkpoint.get("identity") or {}).get("digest") == digest(ident)
-    if not own or trained is None or not isinstance(ids, dict) or ids.get("train") is None:
-        return
-    now = ids["train"]
-    added, removed = int((~torch.isin(now, trained)).sum()), int((~torch.isin(trained, now)).sum())
-    if added or removed:
-        raise ConfigError(
-            f"the data changed since {name}: its training split now has {added} sample(s) it did not "
-            f"have and lacks {removed} it had (files added to or removed from the data set?), so every "
-            "split would be drawn anew and test samples trained on: restore the data, or train anew with "
-            "run_name=<new name>"
-        )
-
-
-def _show(value: Any) -> str:
-    return "(absent)" if type(value) is object else json.dumps(value, default=str)
 
 
 def _lookup(config: dict[str, Any], key: str) -> Any:

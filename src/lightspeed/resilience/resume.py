@@ -76,10 +76,14 @@ def _adopted(run_dir: Path, folder: Path, ident: dict[str, Any], has_checkpoints
                 "checkpoints are taken as this run's"
             )
         return has_checkpoints
-    diffs = identity.differences(record["config"], ident) if has_checkpoints else []
+    if not has_checkpoints:
+        return bool(record.get("adopted"))
+    from lightspeed.resilience.verify import describe, differences  # a rerun: it has checkpoints
+
+    diffs = differences(record["config"], ident)
     if diffs:
         raise ConfigError(
-            f"run_name={run_dir.name} holds a run with other settings ({identity.describe(diffs)}): "
+            f"run_name={run_dir.name} holds a run with other settings ({describe(diffs)}): "
             f"use run_name=<new name> for a new run, and add ckpt_path={folder / 'last.ckpt'} to "
             "fine-tune from it"
         )

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.core.config import ConfigError
-from lightspeed.resilience import checkpoint, identity
+from lightspeed.resilience import checkpoint, identity, verify
 
 
 def inspect(path: Path, warn: bool = True) -> dict[str, Any] | None:
@@ -62,8 +62,8 @@ def foreign(info: dict[str, Any], ident: dict[str, Any], adopted: bool) -> str |
     stored = info.get("identity")
     if not isinstance(stored, dict):
         return None if adopted else "it holds no run identity: not written by this run"
-    diffs = identity.differences(stored.get("config") or {}, ident)
-    return f"written by another run ({identity.describe(diffs)})" if diffs else None
+    diffs = verify.differences(stored.get("config") or {}, ident)
+    return f"written by another run ({verify.describe(diffs)})" if diffs else None
 
 
 def latest(folder: Path, ident: dict[str, Any], adopted: bool = False) -> tuple[Path, dict[str, Any]] | None:

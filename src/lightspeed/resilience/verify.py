@@ -3,6 +3,7 @@ checkpoint is read (a rerun that resumes, eval, a refused load), never by a run 
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 import traceback
@@ -11,9 +12,9 @@ from typing import Any
 
 import torch
 
-from lightspeed.core.config import ConfigError
+from lightspeed.core.config import ConfigError, flatten
+from lightspeed.resilience import identity
 from lightspeed.resilience.checkpoint import CHECKSUM_KEY, checksum, nonfinite_weights, tensors
-from lightspeed.resilience.identity import describe
 
 
 def problem(path: Path) -> str | None:
@@ -138,3 +139,42 @@ def _mismatches(message: str, most: int = 3) -> str:
 
 def _shape(text: str) -> str:
     return "[" + ", ".join(re.findall(r"\d+", text)) + "]"
+
+
+def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: stored -> current` for every leaf that differs, sorted by key."""
+    a, b = flatten(stored), flatten(current)
+    missing = object()
+    return [
+        f"{key}: {_show(a.get(key, missing))} -> {_show(b.get(key, missing))}"
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key, missing) != b.get(key, missing)
+    ]
+
+
+def describe(diffs: list[str], most: int = 3) -> str:
+    more = f" and {len(diffs) - most} more" if len(diffs) > most else ""
+    return "; ".join(diffs[:most]) + more
+
+
+def check_same_samples(checkpoint: dict[str, Any], ident: dict[str, Any], datamodule: Any, name: str) -> None:
+    """Resuming a run's own checkpoint on data whose training split has other samples (an image added: every
+    split drawn anew, test images among the training ones) is a ConfigError naming the change; another run's
+    is not checked."""
+    trained, ids = checkpoint.get(identity.TRAIN_SAMPLES_KEY), getattr(datamodule, "sample_ids", None)
+    own = (checkpoint.get("identity") or {}).get("digest") == identity.digest(ident)
+    if not own or trained is None or not isinstance(ids, dict) or ids.get("train") is None:
+        return
+    now = ids["train"]
+    added, removed = int((~torch.isin(now, trained)).sum()), int((~torch.isin(trained, now)).sum())
+    if added or removed:
+        raise ConfigError(
+            f"the data changed since {name}: its training split now has {added} sample(s) it did not "
+            f"have and lacks {removed} it had (files added to or removed from the data set?), so every "
+            "split would be drawn anew and test samples trained on: restore the data, or train anew with "
+            "run_name=<new name>"
+        )
+
+
+def _show(value: Any) -> str:
+    return "(absent)" if type(value) is object else json.dumps(value, default=str)

@@ -21,10 +21,17 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.core.config import CONFIG_ERROR_EXIT, ConfigError, first_line
+from lightspeed.core.config import (
+    CONFIG_ERROR_EXIT,
+    ConfigError,
+    exit_on_config_error,
+    first_line,
+    validate_train,
+)
 from lightspeed.core.failures import TRAINING_FAILURE_EXIT
 from lightspeed.core.files import write_text_atomically
 from lightspeed.resilience import lock
+from lightspeed.run import monitor
 
 SEARCH_FILE = "search.json"
 #: Trials a search may ask for without a time budget (`timeout_s`): more is a search that never ends.
@@ -89,6 +96,15 @@ def run(cfg: DictConfig, train: Any) -> float | None:
     """Run (or continue) the search `cfg.hparams_search` describes, each trial `train(trial_cfg,
     callbacks)`; returns the best trial's score and writes `search.json` beside the study. One search
     a folder, as one run: a second would take the first's running trial for one cut short."""
+    with exit_on_config_error():  # its settings, once before the first trial: not refused trial by trial
+        validate_train(cfg)
+        if cfg.trainer.get("devices", 1) != 1 or cfg.trainer.get("num_nodes", 1) != 1:
+            raise ConfigError(
+                "hparams_search cannot drive a multi-process trainer (trainer.devices or num_nodes above 1): "
+                "Lightning relaunches this command for each rank, and each would run its own search; search "
+                "on one device (trainer=cpu or trainer=gpu)"
+            )
+        monitor.settle(cfg)
     folder = Path(cfg.paths.output_dir)
     with lock.held(folder):
         return _search(cfg, train, folder)
