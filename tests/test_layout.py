@@ -106,6 +106,8 @@ OPTIONAL = (
     "lightspeed.core.failure_lines",  # the line a failed fit ends in
     "lightspeed.resilience.resume_from",  # the checkpoint a rerun continues from
     "lightspeed.speed.on_model",  # channels_last and torch.compile: only where one is on
+    "lightspeed.speed.diagnosis",  # the speed report's notes: only where one applies
+    "lightspeed.speed.steady",  # when the step time has settled: only for warmup_steps=auto
     "optuna",
     "torch.distributed.checkpoint",
 )

@@ -8,6 +8,7 @@ import json
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lightspeed.core import device as device_facts
 from lightspeed.speed.accel import compiled_frames
-from lightspeed.speed.steady import settled
 
 SPEED_FILE = "speed.json"
 
@@ -42,10 +42,8 @@ class SpeedReport(L.Callback):
         max_timed_steps: int | None = None,
         summary_depth: int = 0,
     ) -> None:
-        self.warmup_steps = warmup_steps
-        self.data_wait_warn = data_wait_warn
-        self.max_timed_steps = max_timed_steps
-        self.summary_depth = summary_depth
+        self.warmup_steps, self.data_wait_warn = warmup_steps, data_wait_warn
+        self.max_timed_steps, self.summary_depth = max_timed_steps, summary_depth
         self._reset()
 
     def _reset(self) -> None:
@@ -70,7 +68,6 @@ class SpeedReport(L.Callback):
         self._validation_from: float | None = None
         self.validation_seconds = 0.0  # validation inside fit, after the warm-up
         self.validations = 0
-        self._fit_seconds: float | None = None
 
     # --- timing -----------------------------------------------------------------------------------
 
@@ -78,11 +75,6 @@ class SpeedReport(L.Callback):
     def _sync(trainer: L.Trainer) -> None:
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize(trainer.strategy.root_device)
-
-    def _start_clock(self, trainer: L.Trainer) -> None:
-        self._sync(trainer)
-        self._clock = time.perf_counter()
-        self._frames_at_clock = compiled_frames()
 
     def _stop_clock(self, trainer: L.Trainer) -> None:
         if self._clock is not None:
@@ -112,7 +104,8 @@ class SpeedReport(L.Callback):
             self._warm_up(trainer, now)
         if self._warmed_after is not None and self._clock is None:
             # the warm-up ends, or training resumes after validation and the checkpoint saves that follow it
-            self._start_clock(trainer)
+            self._sync(trainer)
+            self._clock, self._frames_at_clock = time.perf_counter(), compiled_frames()
         elif self._clock is not None and self._prev_end is not None:
             self.wait_times.append(now - self._prev_end)  # fetching and moving the next batch
         if self.flops_per_batch is None and self._seen == 0:
@@ -127,6 +120,8 @@ class SpeedReport(L.Callback):
             self._warm_times_origin = now
         self._warm_start = now
         auto = self.warmup_steps == "auto"
+        if auto:
+            from lightspeed.speed.steady import settled  # `make bench`'s rule, loaded for `auto` only
         if (auto and settled(self._warm_times)) or (not auto and self._seen >= int(self.warmup_steps)):
             self._warmed_after = self._seen
             self._sync(trainer)
@@ -167,7 +162,6 @@ class SpeedReport(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop_clock(trainer)
-        self._fit_seconds = time.perf_counter() - self._timed_from if self._timed_from is not None else None
         self.report = self._compute(trainer)
         self._publish(trainer)
 
@@ -175,6 +169,7 @@ class SpeedReport(L.Callback):
 
     def _compute(self, trainer: L.Trainer) -> dict[str, Any]:
         dev = trainer.strategy.root_device
+        fit = time.perf_counter() - self._timed_from if self._timed_from is not None else None
         batches = trainer.num_training_batches
         report: dict[str, Any] = {
             "device": device_facts.name(dev),
@@ -189,18 +184,17 @@ class SpeedReport(L.Callback):
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             # The fit after the warm-up: the timed steps, validation, and the rest (checkpoint saves and
             # the other epoch-end work), which a plain loop that only trains does not do.
-            "fit_seconds_after_warmup": self._fit_seconds,
+            "fit_seconds_after_warmup": fit,
             "validation_seconds": self.validation_seconds,
             "epoch_end_seconds": (
-                max(0.0, self._fit_seconds - self.train_seconds - self.validation_seconds)
-                if self._fit_seconds is not None
-                else None
+                max(0.0, fit - self.train_seconds - self.validation_seconds) if fit is not None else None
             ),
             "batches_per_epoch": int(batches) if batches != float("inf") else None,
             "validations": self.validations,
             # channels_last reorders 4-D tensors only: without such weights it changes nothing (make tune).
             # Conv2d modules too: FSDP's flat shards are 1-D by the fit's end.
-            "has_4d_weights": _has_4d_weights(trainer.lightning_module),
+            "has_4d_weights": any(isinstance(m, torch.nn.Conv2d) for m in trainer.lightning_module.modules())
+            or any(p.dim() == 4 for p in trainer.lightning_module.parameters()),
         }
         report |= self._device_figures(dev, report["device"], str(trainer.precision))
         report["diagnosis"] = self._diagnose(report, dev.type)
@@ -221,7 +215,7 @@ class SpeedReport(L.Callback):
             "samples_per_s_per_device": per_device,
             "step_ms_mean": step_s * 1e3 if step_s else None,
             "step_ms_median": statistics.median(times) * 1e3 if times else None,
-            "step_ms_p95": _quantile(times, 0.95) * 1e3 if times else None,
+            "step_ms_p95": sorted(times)[round(0.95 * (len(times) - 1))] * 1e3 if times else None,
             "data_wait_share": sum(self.wait_times) / self.train_seconds if self.train_seconds > 0 else None,
         }
 
@@ -241,14 +235,13 @@ class SpeedReport(L.Callback):
         }
 
     def _diagnose(self, r: dict[str, Any], device_type: str) -> list[str]:
-        notes = (
-            _data_note(r, device_type, self.data_wait_warn),
-            _jitter_note(r, device_type),
-            _outside_note(r),
-            _recompile_note(r),
-            _small_model_note(r, device_type),
-        )
-        return [note for note in notes if note]
+        """A line for each of `NOTES` that applies, worded by speed/diagnosis.py (loaded only then)."""
+        found = [name for name, applies in NOTES.items() if applies(r, device_type, self.data_wait_warn)]
+        if not found:
+            return []
+        from lightspeed.speed import diagnosis
+
+        return [getattr(diagnosis, name)(r, device_type) for name in found]
 
     @rank_zero_only
     def _publish(self, trainer: L.Trainer) -> None:
@@ -289,17 +282,6 @@ def _first(batch: Any) -> Any:
     return batch[0] if isinstance(batch, (tuple, list)) else batch
 
 
-def _has_4d_weights(module: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.Conv2d) for m in module.modules()) or any(
-        p.dim() == 4 for p in module.parameters()
-    )
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def _outside(r: dict[str, Any]) -> str:
     fit, val, end = r["fit_seconds_after_warmup"], r["validation_seconds"], r["epoch_end_seconds"]
     if not fit or end is None:
@@ -317,26 +299,20 @@ def _table(r: dict[str, Any]) -> Table:
     table = Table(title="Lightspeed: where the training time went", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")
-    rows = [
+    timed = (
+        f"{r['timed_steps']} batches after {r['warmup_steps']} warm-up batches, {r['train_seconds']:.2f} s"
+    )
+    if (acc := r["accumulate_grad_batches"]) > 1:
+        timed += f" ({r['timed_steps'] // acc} optimizer steps: accumulate_grad_batches={acc})"
+    for row in (
         ("device", f"{r['devices']} x {r['device']}, {r['precision']}"),
         ("throughput", fmt(r["samples_per_s"], ",.0f", " samples/s")),
         (
             "step time",
-            f"{fmt(r['step_ms_mean'], '.2f', ' ms')} mean, {fmt(r['step_ms_median'], '.2f', ' ms')} "
-            f"median, {fmt(r['step_ms_p95'], '.2f', ' ms')} p95",
+            ", ".join(f"{fmt(r[f'step_ms_{k}'], '.2f', ' ms')} {k}" for k in ("mean", "median", "p95")),
         ),
         ("waiting for data", fmt(r["data_wait_share"], ".1%", " of training time")),
-        (
-            "timed",
-            f"{r['timed_steps']} batches after {r['warmup_steps']} warm-up batches, "
-            f"{r['train_seconds']:.2f} s"
-            + (
-                f" ({r['timed_steps'] // r['accumulate_grad_batches']} optimizer steps: "
-                f"accumulate_grad_batches={r['accumulate_grad_batches']})"
-                if r["accumulate_grad_batches"] > 1
-                else ""
-            ),
-        ),
+        ("timed", timed),
         ("outside the steps", _outside(r)),
         ("FLOPs per batch", fmt(r["flops_per_batch"], ".3g")),
         ("recompiles", f"{r['recompiles']} during the timed steps"),
@@ -347,70 +323,31 @@ def _table(r: dict[str, Any]) -> Table:
             f"{fmt(r.get('peak_reserved_gib'), '.2f', ' GiB')} reserved on the device; "
             f"{r['peak_rss_gib']:.2f} GiB host RSS",
         ),
-    ]
-    for key, value in rows:
-        table.add_row(key, value)
+    ):
+        table.add_row(*row)
     return table
 
 
-# --- the diagnosis: each note says what it found and what to try, or is None --------------------------
-
-
-def _data_note(r: dict[str, Any], device_type: str, warn: float) -> str | None:
-    if r["data_wait_share"] is None or r["data_wait_share"] <= warn:
-        return None
-    remedies = (
-        "more loader workers (data.num_workers=auto, accel=default), pinned memory "
-        "(data.pin_memory=true) or keeping the data set on the device (data.on_device=auto)"
-        if device_type == "cuda"
-        else "more loader workers (data.num_workers=auto), or slicing an in-memory data set "
-        "without a DataLoader (data.on_device=true; pinned memory only helps copies to a GPU)"
-    )
-    return f"data loading takes {r['data_wait_share']:.0%} of training time: try {remedies}"
-
-
-def _jitter_note(r: dict[str, Any], device_type: str) -> str | None:
-    median, p95 = r["step_ms_median"], r["step_ms_p95"]
-    threads, cpus = r["threads_per_process"], r["usable_cpus"]
-    if device_type != "cpu" or not (median and p95) or p95 <= 3 * median or threads * r["devices"] <= 1:
-        return None
-    return (
-        f"step times vary a lot on this CPU ({p95:.1f} ms p95 against {median:.1f} ms median): "
-        f"{r['devices']} process(es) x {threads} threads on {cpus} usable CPUs may be more than the "
-        f"machine has free; try OMP_NUM_THREADS={max(1, cpus // r['devices'] // 2)} or stop other work"
-    )
-
-
-def _outside_note(r: dict[str, Any]) -> str | None:
-    fit, val, end = r.get("fit_seconds_after_warmup"), r.get("validation_seconds"), r.get("epoch_end_seconds")
-    if not fit or val is None or end is None or (val + end) / fit <= OUTSIDE_STEPS_WARN:
-        return None
-    count = r.get("validations") or 0
-    each = f", {(val + end) / count * 1e3:.0f} ms at each of {count} validations" if count else ""
-    return (
-        f"validation ({val / fit:.0%}) and checkpoint saves with the rest of the epoch end "
-        f"({end / fit:.0%}) take {(val + end) / fit:.0%} of the fit after warm-up{each}, for epochs "
-        f"of {r.get('batches_per_epoch')} batches: validate and save less often "
-        "(trainer.check_val_every_n_epoch=N) to train more in the same time"
-    )
-
-
-def _recompile_note(r: dict[str, Any]) -> str | None:
-    if not r["recompiles"]:
-        return None
-    return (
-        f"torch.compile compiled {r['recompiles']} time(s) during the timed steps, seconds each: "
-        "a changing input shape or mode (see TORCH_LOGS=recompiles); keep data.drop_last=true, "
-        "or raise callbacks.speed_report.warmup_steps if it is the first compile"
-    )
-
-
-def _small_model_note(r: dict[str, Any], device_type: str) -> str | None:
-    step, mfu = r["step_ms_mean"], r["mfu"]
-    if device_type != "cuda" or step is None or not (step < 5 or (mfu is not None and mfu < 0.02)):
-        return None
-    share = f", {mfu:.1%} of its peak" if mfu is not None else ""
-    return (
-        f"the model is too small to keep the GPU busy ({step:.1f} ms a step{share}): "
-        "use larger batches, accel=max (torch.compile), or compare with trainer=cpu"
-    )
+#: When each note of the diagnosis applies, given the report, the device type and `data_wait_warn` (the fit's
+#: figures by `get`: a report made in a test may lack them).
+NOTES: dict[str, Callable[[dict[str, Any], str, float], bool]] = {
+    "data": lambda r, dev, warn: r["data_wait_share"] is not None and r["data_wait_share"] > warn,
+    "jitter": lambda r, dev, warn: (
+        dev == "cpu"
+        and bool(r["step_ms_median"] and r["step_ms_p95"])
+        and r["step_ms_p95"] > 3 * r["step_ms_median"]
+        and r["threads_per_process"] * r["devices"] > 1
+    ),
+    "outside": lambda r, dev, warn: (
+        bool(fit := r.get("fit_seconds_after_warmup"))
+        and r.get("validation_seconds") is not None
+        and r.get("epoch_end_seconds") is not None
+        and (r["validation_seconds"] + r["epoch_end_seconds"]) / fit > OUTSIDE_STEPS_WARN
+    ),
+    "recompile": lambda r, dev, warn: bool(r["recompiles"]),
+    "small_model": lambda r, dev, warn: (
+        dev == "cuda"
+        and (step := r["step_ms_mean"]) is not None
+        and (step < 5 or (r["mfu"] is not None and r["mfu"] < 0.02))
+    ),
+}
