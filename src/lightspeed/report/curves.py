@@ -40,19 +40,13 @@ class CurvesLogger(Logger):
     """A logger of the run's scalars into `run_dir/curves.json`, drawn as `curves.png` by `finalize`;
     `monitor`: the metric the run is judged by (its panel)."""
 
+    name, version = "curves", ""  # Logger's abstract properties, as plain values: one file, no versions
+
     def __init__(self, run_dir: str | Path, monitor: str | None = None) -> None:
         super().__init__()
         self.run_dir, self.monitor = Path(run_dir), monitor
         self.points: dict[str, list[list[float]]] = {}
         self._started, self._failed, self._written = False, False, float("-inf")
-
-    @property
-    def name(self) -> str:
-        return "curves"
-
-    @property
-    def version(self) -> str:
-        return ""
 
     @property
     def save_dir(self) -> str:

@@ -9,6 +9,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,8 @@ class SpeedReport(L.Callback):
         self._seen = 0
         self.recompiles = 0  # torch.compile compiles inside the timed intervals
         self._frames_at_clock = 0
-        self._warm_times: list[float] = []  # seconds between the warm-up steps' starts
-        self._warm_start: float | None = None
+        self._warm_starts: list[float] = []  # when each warm-up step started
         self._warmed_after: int | None = None  # steps before the first timed one
-        self._warm_times_origin = 0.0
         self.warmup_seconds: float | None = None  # from the first batch to the first timed one
         self._timed_from: float | None = None  # when the warm-up ended
         self._validation_from: float | None = None
@@ -112,21 +111,18 @@ class SpeedReport(L.Callback):
             self.flops_per_batch = measure_flops(pl_module, batch)
 
     def _warm_up(self, trainer: L.Trainer, now: float) -> None:
-        """A warm-up step: its time kept; the warm-up ends once the step time settles (`warmup_steps=auto`)
+        """A warm-up step: its start kept; the warm-up ends once the step time settles (`warmup_steps=auto`)
         or after `warmup_steps` steps, and the timing starts from a synced device."""
-        if self._warm_start is not None:
-            self._warm_times.append(now - self._warm_start)
-        else:
-            self._warm_times_origin = now
-        self._warm_start = now
+        starts = self._warm_starts
+        starts.append(now)
         auto = self.warmup_steps == "auto"
         if auto:
             from lightspeed.speed.steady import settled  # `make bench`'s rule, loaded for `auto` only
-        if (auto and settled(self._warm_times)) or (not auto and self._seen >= int(self.warmup_steps)):
+        if settled([b - a for a, b in pairwise(starts)]) if auto else self._seen >= int(self.warmup_steps):
             self._warmed_after = self._seen
             self._sync(trainer)
             self._timed_from = time.perf_counter()
-            self.warmup_seconds = self._timed_from - self._warm_times_origin
+            self.warmup_seconds = self._timed_from - starts[0]
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
@@ -282,16 +278,6 @@ def _first(batch: Any) -> Any:
     return batch[0] if isinstance(batch, (tuple, list)) else batch
 
 
-def _outside(r: dict[str, Any]) -> str:
-    fit, val, end = r["fit_seconds_after_warmup"], r["validation_seconds"], r["epoch_end_seconds"]
-    if not fit or end is None:
-        return "n/a"
-    return (
-        f"validation {val:.2f} s ({val / fit:.0%}), checkpoints and epoch ends {end:.2f} s ({end / fit:.0%}) "
-        f"of the {fit:.2f} s after warm-up"
-    )
-
-
 def _table(r: dict[str, Any]) -> Table:
     def fmt(value: Any, spec: str, unit: str = "") -> str:
         return "n/a" if value is None else f"{value:{spec}}{unit}"
@@ -304,6 +290,13 @@ def _table(r: dict[str, Any]) -> Table:
     )
     if (acc := r["accumulate_grad_batches"]) > 1:
         timed += f" ({r['timed_steps'] // acc} optimizer steps: accumulate_grad_batches={acc})"
+    fit, val, end = r["fit_seconds_after_warmup"], r["validation_seconds"], r["epoch_end_seconds"]
+    outside = (
+        f"validation {val:.2f} s ({val / fit:.0%}), checkpoints and epoch ends {end:.2f} s ({end / fit:.0%}) "
+        f"of the {fit:.2f} s after warm-up"
+        if fit and end is not None
+        else "n/a"
+    )
     for row in (
         ("device", f"{r['devices']} x {r['device']}, {r['precision']}"),
         ("throughput", fmt(r["samples_per_s"], ",.0f", " samples/s")),
@@ -313,7 +306,7 @@ def _table(r: dict[str, Any]) -> Table:
         ),
         ("waiting for data", fmt(r["data_wait_share"], ".1%", " of training time")),
         ("timed", timed),
-        ("outside the steps", _outside(r)),
+        ("outside the steps", outside),
         ("FLOPs per batch", fmt(r["flops_per_batch"], ".3g")),
         ("recompiles", f"{r['recompiles']} during the timed steps"),
         ("MFU", fmt(r["mfu"], ".1%") + (" of dense peak" if r["mfu"] is not None else " (no peak figure)")),
