@@ -52,7 +52,6 @@ class CurvesLogger(Logger):
     def save_dir(self) -> str:
         return str(self.run_dir)
 
-    @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         """Nothing: the config is in the run folder already."""
 
