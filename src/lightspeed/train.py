@@ -4,13 +4,11 @@ the run's one monitored metric (the best checkpoint's), so that Hydra sweepers c
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from subprocess import Popen
 from typing import Any
 
 import lightning as L
@@ -68,31 +66,12 @@ def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
         yield
     except (Exception, KeyboardInterrupt) as err:
         procs = launched_ranks(trainer)
-        if not procs or getattr(err, "agreed", False):  # agreed: each rank exits by itself
-            raise
-        if isinstance(err, (ConfigError, TrainingFailure)) or is_out_of_memory(err):  # ours, explained
-            kill_launched_ranks(trainer)
-            raise
-        dead = _first_dead(procs)
-        kill_launched_ranks(trainer)
-        if dead:
-            rank, code = dead
-            print(
-                f"error: rank {rank} exited with code {code} (its error is above); stopped every rank",
-                file=sys.stderr,
-            )
-            raise SystemExit(1) from None
-        print(f"error: rank 0 failed (below); stopped the other {len(procs)} ranks", file=sys.stderr)
+        if procs and not getattr(err, "agreed", False):  # agreed: each rank exits by itself
+            from lightspeed.core.failure_lines import stop_ranks
+
+            explained = isinstance(err, (ConfigError, TrainingFailure)) or is_out_of_memory(err)
+            stop_ranks(procs, lambda: kill_launched_ranks(trainer), explained)
         raise
-
-
-def _first_dead(procs: Sequence[Popen[bytes]]) -> tuple[int, int] | None:
-    """(rank, exit code) of the first launched rank that died, waiting up to 2 s: a peer's death reaches
-    this rank (a failed collective) before its exit status does."""
-    deadline = time.monotonic() + 2.0
-    while not any(p.poll() for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return next(((rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.returncode), None)
 
 
 @dataclass

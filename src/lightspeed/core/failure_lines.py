@@ -1,10 +1,14 @@
-"""The line a failed fit ends in (a rank lost in a collective, memory run out, Ctrl-C), with this run's
-numbers: loaded only when a fit fails (`failures.exit_on_failure`)."""
+"""The line a failed fit ends in (a rank lost in a collective, memory run out, Ctrl-C, the rank that failed
+first), with this run's numbers: loaded only when a fit fails (`failures.exit_on_failure`)."""
 
 from __future__ import annotations
 
 import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
 import lightning as L
@@ -71,3 +75,29 @@ def explained(err: RuntimeError, cfg: Any, trainer: L.Trainer) -> str | None:
         return None
     rank = f"rank {trainer.global_rank}: " if trainer.world_size > 1 else ""
     return f"{rank}{out_of_memory_advice(err, cfg)}"
+
+
+def stop_ranks(procs: Sequence[Popen[bytes]], kill: Callable[[], None], explained: bool) -> None:
+    """End the launched ranks (`kill`); unless the error is `explained` (ours, or out of memory), name the
+    rank that failed first: a peer's death (exit 1, its error above) or this rank's own (the error below)."""
+    dead = None if explained else _first_dead(procs)
+    kill()
+    if explained:
+        return
+    if dead:
+        rank, code = dead
+        print(
+            f"error: rank {rank} exited with code {code} (its error is above); stopped every rank",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
+    print(f"error: rank 0 failed (below); stopped the other {len(procs)} ranks", file=sys.stderr)
+
+
+def _first_dead(procs: Sequence[Popen[bytes]]) -> tuple[int, int] | None:
+    """(rank, exit code) of the first launched rank that died, waiting up to 2 s: a peer's death reaches
+    this rank (a failed collective) before its exit status does."""
+    deadline = time.monotonic() + 2.0
+    while not any(p.poll() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return next(((rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.returncode), None)
