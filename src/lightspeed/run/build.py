@@ -43,17 +43,12 @@ def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
     try:
         return _instantiate(node, **kwargs)
     except InstantiationException as err:
-        cause = err.__cause__
-        while cause is not None and not isinstance(cause, ConfigError) and cause.__cause__ is not None:
-            cause = cause.__cause__
-        if isinstance(cause, ConfigError):
-            raise cause from None
         from lightspeed.run.build_errors import refused_setting
 
-        line = refused_setting(err, cause, node, where)
-        if line is None:
+        refused = refused_setting(err, node, where)
+        if refused is None:
             raise
-        raise ConfigError(line) from None
+        raise refused from None
 
 
 def where(node: DictConfig) -> str:

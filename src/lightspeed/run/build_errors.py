@@ -28,9 +28,20 @@ _BINDING = re.compile(
 )
 
 
-def refused_setting(err: Exception, cause: BaseException | None, node: Any, where: str) -> str | None:
-    """The line for a constructor that refused its settings, or for Hydra that refused the node (no
-    constructor ran); None for an error of the code itself."""
+def refused_setting(err: Exception, node: Any, where: str) -> ConfigError | None:
+    """What Hydra's InstantiationException means: a ConfigError raised inside (ours, as it is), or the line
+    for a constructor that refused its settings or for Hydra that refused the node (no constructor ran);
+    None for an error of the code itself."""
+    cause = err.__cause__
+    while cause is not None and not isinstance(cause, ConfigError) and cause.__cause__ is not None:
+        cause = cause.__cause__
+    if isinstance(cause, ConfigError):
+        return cause
+    line = _setting_line(err, cause, node, where)
+    return None if line is None else ConfigError(line)
+
+
+def _setting_line(err: Exception, cause: BaseException | None, node: Any, where: str) -> str | None:
     if cause is None:
         return f"{where}: {first_line(err).rstrip('.')}"
     first = first_line(cause).rstrip(".")
