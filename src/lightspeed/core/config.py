@@ -113,9 +113,6 @@ def validate_train(cfg: DictConfig) -> None:
             "scripts/slurm/train.sbatch ...` (docs/scale.md)"
         )
     _refuse_fsdp_on_cpu(cfg)
-    ckpt = cfg.get("ckpt_path")
-    if ckpt is not None:
-        check_checkpoint_path(Path(str(ckpt)), "or ckpt_path=null")
 
 
 def _refuse_fsdp_on_cpu(cfg: DictConfig) -> None:
@@ -164,28 +161,6 @@ def _select(cfg: DictConfig, key: str) -> Any:
         raise ConfigError(
             f"{key} cannot be read ({first}): fix the ${{...}} in its value, or set it"
         ) from None
-
-
-def check_checkpoint_path(path: Path, other: str = "") -> None:
-    """A `ckpt_path` that is a file or a sharded checkpoint's folder; else one line saying what it is."""
-    other = f", {other}" if other else ""
-    if path.is_dir():
-        _check_checkpoint_folder(path, other)
-    elif path.exists() and not path.is_file():
-        raise ConfigError(
-            f"ckpt_path={path} is not a regular file (a fifo, a device): pass the path of a .ckpt file{other}"
-        )
-    elif not path.is_file():
-        raise ConfigError(f"ckpt_path={path} does not exist: pass the path of a .ckpt file{other}")
-
-
-def _check_checkpoint_folder(path: Path, other: str) -> None:
-    """A sharded checkpoint's folder (resilience/sharded.py), not a folder of .ckpt files."""
-    if (path / "meta.pt").is_file() or (path / ".metadata").is_file():
-        return
-    found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
-    hint = f" (it holds {', '.join(found)})" if found else ""
-    raise ConfigError(f"ckpt_path={path} is a folder{hint}: pass the .ckpt file itself{other}")
 
 
 def validate_common(cfg: DictConfig) -> None:

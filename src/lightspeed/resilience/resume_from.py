@@ -121,6 +121,7 @@ def continued(
 def given(cfg: DictConfig, run_dir: Path, ident: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """`ckpt_path`: trained from as given, where it can be."""
     path = Path(str(cfg.ckpt_path))
+    check_checkpoint_path(path, "or ckpt_path=null")
     check_strategy_loads(cfg, path, "ckpt_path")
     info = inspect(path, warn=False)  # one that does not load: its load gives the one-line error
     reason = problem(path) if info is not None else None
@@ -170,3 +171,25 @@ def bring_last_up_to_date(path: Path, info: dict[str, Any]) -> None:
         tmp = checkpoint.temporary(last)
         shutil.copyfile(path, tmp)
         os.replace(tmp, last)
+
+
+def check_checkpoint_path(path: Path, other: str = "") -> None:
+    """A `ckpt_path` that is a file or a sharded checkpoint's folder; else one line saying what it is."""
+    other = f", {other}" if other else ""
+    if path.is_dir():
+        _check_checkpoint_folder(path, other)
+    elif path.exists() and not path.is_file():
+        raise ConfigError(
+            f"ckpt_path={path} is not a regular file (a fifo, a device): pass the path of a .ckpt file{other}"
+        )
+    elif not path.is_file():
+        raise ConfigError(f"ckpt_path={path} does not exist: pass the path of a .ckpt file{other}")
+
+
+def _check_checkpoint_folder(path: Path, other: str) -> None:
+    """A sharded checkpoint's folder (resilience/sharded.py), not a folder of .ckpt files."""
+    if (path / "meta.pt").is_file() or (path / ".metadata").is_file():
+        return
+    found = sorted(p.name for p in path.glob("*.ckpt"))[:3]
+    hint = f" (it holds {', '.join(found)})" if found else ""
+    raise ConfigError(f"ckpt_path={path} is a folder{hint}: pass the .ckpt file itself{other}")

@@ -15,10 +15,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIRS
 from lightspeed.core import summary
-from lightspeed.core.config import ConfigError, check_checkpoint_path, locate, plain
+from lightspeed.core.config import ConfigError, locate, plain
 from lightspeed.core.files import read_json
 from lightspeed.resilience import checkpoint, verify
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
+from lightspeed.resilience.resume_from import check_checkpoint_path
 from lightspeed.run import build
 
 # The trust boundary (docs/resilience.md): the command line and conf/ are code the user runs; data (a

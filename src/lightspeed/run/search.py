@@ -105,6 +105,10 @@ def run(cfg: DictConfig, train: Any) -> float | None:
                 "on one device (trainer=cpu or trainer=gpu)"
             )
         monitor.settle(cfg)
+        if cfg.get("ckpt_path") is not None:
+            from lightspeed.resilience.resume_from import check_checkpoint_path
+
+            check_checkpoint_path(Path(str(cfg.ckpt_path)), "or ckpt_path=null")
     folder = Path(cfg.paths.output_dir)
     with lock.held(folder):
         return _search(cfg, train, folder)
