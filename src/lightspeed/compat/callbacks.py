@@ -10,7 +10,6 @@ import math
 import re
 import time
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -138,7 +137,9 @@ class ModelCheckpoint(_StateKeyOnce, _ModelCheckpoint):
         """A run's files are its own wherever its folder now is: paths saved before it was moved or copied
         name this folder's files. Lightning would keep the old absolute paths (testing the old best, or
         failing on it, gone, and writing last-v1.ckpt beside last.ckpt)."""
-        super().load_state_dict(_inside(_moved(state_dict, self.dirpath), self.dirpath))
+        from lightspeed.compat.checkpoint_paths import here
+
+        super().load_state_dict(here(state_dict, self.dirpath))
         self.best_metrics = dict(state_dict.get("best_metrics") or {})
 
     def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:
@@ -189,56 +190,6 @@ class _WakingRefresh(rich_progress._RefreshThread):  # rich is a dependency: Lig
                 with self.live._lock:
                     self.live.refresh()
                 self.refresh_cond = False
-
-
-def _moved(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
-    """`state` with every path under its saved `dirpath` moved under `dirpath`, when the files are there
-    (the folder was moved or copied)."""
-    old = state.get("dirpath")
-    if not old or not dirpath or Path(old) == Path(dirpath):
-        return state
-
-    def here(path: Any) -> Any:
-        if not isinstance(path, str) or not path:
-            return path
-        try:
-            return str(Path(dirpath) / Path(path).relative_to(old))
-        except ValueError:  # not a file of the run's folder: left as it was
-            return path
-
-    found = [here(state.get(k)) for k in ("best_model_path", "last_model_path")]
-    if not any(isinstance(f, str) and f and Path(f).exists() for f in found):  # a file, or a sharded folder
-        return state  # not this folder's files (a new run fine-tuning from another's): Lightning's rules
-    return _with_paths(dict(state, dirpath=dirpath), here)
-
-
-def _with_paths(state: dict[str, Any], change: Any) -> dict[str, Any]:
-    """`state` with `change` applied to each path it names (its best, k-th best and last, the top k's)."""
-    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
-        if key in state:
-            state[key] = change(state[key])
-    if isinstance(state.get("best_k_models"), dict):
-        state["best_k_models"] = {change(k): v for k, v in state["best_k_models"].items()}
-    return state
-
-
-def _inside(state: dict[str, Any], dirpath: str | None) -> dict[str, Any]:
-    """`state` minus the paths outside `dirpath` once resolved: Lightning would delete a "previous best" or
-    "last" that a checkpoint (data) names, judging by the path's text alone (`<dir>/../../x` passes)."""
-    if not dirpath:
-        return state
-    root = Path(dirpath).resolve()
-
-    def ours(path: Any) -> bool:
-        return isinstance(path, str) and bool(path) and Path(path).resolve().is_relative_to(root)
-
-    state = dict(state)
-    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
-        if key in state and state[key] and not ours(state[key]):
-            state[key] = ""
-    if isinstance(state.get("best_k_models"), dict):
-        state["best_k_models"] = {k: v for k, v in state["best_k_models"].items() if ours(k)}
-    return state
 
 
 def validation_follows(trainer: L.Trainer) -> bool:
