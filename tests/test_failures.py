@@ -252,7 +252,7 @@ def test_ddp_a_nan_on_one_rank_is_handled_alike_on_every_rank(tmp_path: Path, ac
 
 
 def test_slurm_requeue_asks_scontrol_for_this_job(tmp_path: Path, monkeypatch) -> None:
-    from lightspeed.resilience.preemption import requeue_slurm_job
+    from lightspeed.resilience.incidents import requeue_slurm_job
 
     calls = tmp_path / "calls"
     fake = tmp_path / "bin" / "scontrol"
@@ -277,10 +277,10 @@ def test_under_slurm_sigusr1_requeues_the_job_and_sigterm_does_not(tmp_path: Pat
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     from lightspeed.core.failures import Preempted
-    from lightspeed.resilience import preemption
+    from lightspeed.resilience import incidents, preemption
 
     requeued: list[int] = []
-    monkeypatch.setattr(preemption, "requeue_slurm_job", lambda: requeued.append(1) or 0)
+    monkeypatch.setattr(incidents, "requeue_slurm_job", lambda: requeued.append(1) or 0)
     saved: list[str] = []
     trainer = SimpleNamespace(
         global_step=7,

@@ -7,10 +7,8 @@ it, so that no crash between two writes can make a good checkpoint look corrupt.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import pickle
-import shutil
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -35,7 +33,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if "://" in str(path) or storage_options is not None:  # remote (fsspec) paths: Lightning's writer
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        _refuse_non_finite(checkpoint, path)
+        if nonfinite_weights(checkpoint):  # the last line of defence (callbacks.nonfinite stops runs earlier)
+            from lightspeed.resilience.incidents import not_written
+
+            raise not_written(checkpoint, path)
         checkpoint[CHECKSUM_KEY] = checksum(checkpoint)
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -44,9 +45,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             save_synced(checkpoint, tmp)
             os.replace(tmp, target)
         except (OSError, RuntimeError) as err:
-            if not _out_of_space(err):
+            from lightspeed.resilience.incidents import out_of_space
+
+            if (failure := out_of_space(err, checkpoint, target)) is None:
                 raise
-            raise TrainingFailure(_no_space(checkpoint, target)) from None
+            raise failure from None
         finally:
             tmp.unlink(missing_ok=True)
         _fsync_dir(target.parent)
@@ -75,29 +78,6 @@ def migrate(checkpoint: dict[str, Any]) -> dict[str, Any]:
     if isinstance(callbacks, dict) and "RankSeed" in callbacks:
         checkpoint.setdefault(RANK_RNG_KEY, callbacks.pop("RankSeed"))
     return checkpoint
-
-
-def _out_of_space(err: BaseException | None) -> bool:
-    """The disk (or quota) is full: an OSError saying so, or torch's writer failing on one (its error
-    then names a short write, with the OSError as its context, or says "file write failed")."""
-    while err is not None:
-        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "file write failed" in str(err):
-            return True
-        err = err.__cause__ or err.__context__
-    return False
-
-
-def _no_space(checkpoint: dict[str, Any], target: Path) -> str:
-    need = sum(t.numel() * t.element_size() for _, t in tensors(checkpoint)) / 2**20
-    free = shutil.disk_usage(target.parent).free / 2**20
-    kept = sorted(p.name for p in target.parent.glob("*.ckpt"))
-    return (
-        f"no space left on the disk of {target.parent} ({free:.0f} MiB free, the checkpoint needs "
-        f"~{need:.0f} MiB): {target.name} was not written; kept intact: {', '.join(kept) or 'nothing yet'}; "
-        "free some space and rerun the same command to continue, or set paths.log_dir to a larger disk"
-    )
 
 
 CHECKSUM_KEY = "checksum"
@@ -137,17 +117,6 @@ def tensors(node: Any, name: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(node, (list, tuple)):
         for i, item in enumerate(node):
             yield from tensors(item, f"{name}/{i}")
-
-
-def _refuse_non_finite(checkpoint: dict[str, Any], path: Any) -> None:
-    """The last line of defence (callbacks.nonfinite stops runs earlier): never write NaN or inf weights
-    over a good checkpoint, whatever saved them."""
-    if nonfinite_weights(checkpoint):
-        raise TrainingFailure(
-            f"the weights to be saved in {path} are not finite (step {checkpoint.get('global_step')}): "
-            "not written, the previous checkpoint is intact; try a lower model.optimizer.lr or "
-            "trainer.gradient_clip_val=1.0"
-        )
 
 
 def _fsync_dir(folder: Path) -> None:

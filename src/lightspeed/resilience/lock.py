@@ -15,9 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from lightning.fabric.utilities.rank_zero import rank_zero_only, rank_zero_warn
-
-from lightspeed.core.config import ConfigError
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 try:
     import fcntl
@@ -58,18 +56,10 @@ def acquire(run_dir: Path) -> IO[str]:
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
-        if not isinstance(err, BlockingIOError):  # a file system without flock (Lustre noflock, NFS)
-            rank_zero_warn(
-                f"{run_dir} cannot be locked ({err.strerror}): two runs of it would not be kept apart"
-            )
-            return handle
-        handle.seek(0)
-        holder = _describe(handle.read())
-        handle.close()
-        raise ConfigError(
-            f"{run_dir} is in use by another run ({holder}): wait for it to end, stop it, or use "
-            "run_name=<new name> for a run of your own"
-        ) from None
+        from lightspeed.resilience.incidents import not_locked
+
+        not_locked(err, handle, run_dir)  # raises unless the file system cannot lock: then unlocked
+        return handle
     handle.seek(0)
     handle.truncate()
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -82,11 +72,3 @@ def acquire(run_dir: Path) -> IO[str]:
     handle.write(json.dumps(holder))
     handle.flush()
     return handle
-
-
-def _describe(text: str) -> str:
-    try:
-        info = json.loads(text)
-        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
-    except (ValueError, KeyError, TypeError):
-        return "a process that has not said who it is yet"

@@ -6,14 +6,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightspeed.compat.hooks import switch_off
 from lightspeed.core.config import ConfigError
-from lightspeed.core.failures import TrainingFailure
-
-ADVICE = "try a lower model.optimizer.lr, trainer.gradient_clip_val=1.0, bf16-mixed instead of 16-mixed"
 
 
 class NonFiniteGuard(L.Callback):
@@ -71,11 +67,9 @@ class NonFiniteGuard(L.Callback):
             flag = finite.to(device=trainer.strategy.root_device, dtype=torch.int32)
             finite = trainer.strategy.reduce(flag, reduce_op="min")
         if not bool(finite):
-            raise TrainingFailure(
-                f"the weights are not finite at step {trainer.global_step} (overflowing gradients?): "
-                f"not saved, stopped; {ADVICE}",
-                agreed=True,  # every rank reduced the same flag
-            )
+            from lightspeed.resilience.incidents import weights_not_finite
+
+            raise weights_not_finite(trainer.global_step)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
@@ -91,17 +85,12 @@ class NonFiniteGuard(L.Callback):
         window = torch.stack(losses).float() if losses else torch.zeros(0, device=device)
         if trainer.world_size == 1 and bool(torch.isfinite(window).all()):
             return  # the common case: two kernels, one sync
-        first = _first_bad(trainer, steps, torch.isfinite(window).tolist())
-        if first is None:
-            return
-        step, epoch = first
-        self._losses = None  # said once
-        newest = getattr(trainer.checkpoint_callback, "last_model_path", "") or "none saved yet"
-        raise TrainingFailure(
-            f"the training loss was not finite at step {step} (epoch {epoch}): stopped; "
-            f"the newest checkpoint ({newest}) predates it; {ADVICE}, or callbacks.nonfinite.action=skip",
-            agreed=True,  # every rank reduced the same flag
-        )
+        from lightspeed.resilience.incidents import loss_not_finite
+
+        failure = loss_not_finite(trainer, steps, torch.isfinite(window).tolist())
+        if failure is not None:
+            self._losses = None  # said once
+            raise failure
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -118,36 +107,6 @@ class NonFiniteGuard(L.Callback):
         if not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
             self._consecutive = 0
             return
-        self._undo_step(pl_module, optimizer)
-        self.skipped += 1
-        self._consecutive += 1
-        if self._consecutive > self.max_consecutive_skips:
-            raise TrainingFailure(
-                f"the gradients were not finite for {self._consecutive} steps in a row (up to step "
-                f"{trainer.global_step}): stopped; {ADVICE}",
-                agreed=True,  # all-reduced gradients: every rank counts alike
-            )
-        if self.skipped <= 3 or self.skipped % 100 == 0:
-            rank_zero_warn(
-                f"non-finite gradients at step {trainer.global_step}: update skipped ({self.skipped} so far)"
-            )
+        from lightspeed.resilience.incidents import skip_update
 
-    def _undo_step(self, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer) -> None:
-        """No update from this step: its gradients dropped, the buffers (BatchNorm's statistics) as before."""
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                p.grad = None
-        with torch.no_grad():
-            for buffer, saved in zip(pl_module.buffers(), self._saved_buffers, strict=False):
-                buffer.copy_(saved)
-
-
-def _first_bad(
-    trainer: L.Trainer, steps: list[tuple[int, int]], finite: list[bool]
-) -> tuple[int, int] | None:
-    """(step, epoch) of the first non-finite loss of any rank (a collective), or None."""
-    none = (2**62, 0)
-    bad = next((at for at, ok in zip(steps, finite, strict=True) if not ok), none)
-    flag = torch.tensor(bad, device=trainer.strategy.root_device)
-    step, epoch = (int(v) for v in trainer.strategy.reduce(flag, reduce_op="min"))  # the first rank's
-    return None if step == none[0] else (step, epoch)
+        skip_update(self, trainer, pl_module, optimizer)

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightspeed.compat.callbacks import validation_follows
-from lightspeed.core.failures import Preempted
 
 
 class Preemption(L.Callback):
@@ -90,38 +84,7 @@ class Preemption(L.Callback):
             self._save_and_stop(trainer, self._agreed)
 
     def _save_and_stop(self, trainer: L.Trainer, received: int) -> None:
+        from lightspeed.resilience.incidents import save_and_stop
+
         self._agreed = 0
-        step = trainer.global_step
-        callback = trainer.checkpoint_callback
-        if callback is None:  # checkpointing is off (a debug run): stop, saving nothing
-            raise Preempted(received, step, None)
-        # where `resume=auto` looks: the checkpoint callback's folder, else `<run dir>/checkpoints`
-        folder = getattr(callback, "dirpath", None) or Path(trainer.default_root_dir) / "checkpoints"
-        path = str(Path(folder) / "last.ckpt")
-        if hasattr(callback, "last_model_path"):
-            # its own record of last.ckpt, saved with it: after resuming it overwrites the file instead of
-            # writing last-v1.ckpt beside it
-            callback.last_model_path = path
-        trainer.save_checkpoint(path, weights_only=False)  # on every rank: their random states are gathered
-        env = getattr(trainer.strategy, "cluster_environment", None)
-        if (
-            trainer.is_global_zero
-            and isinstance(env, SLURMEnvironment)
-            and env.auto_requeue
-            and received == env.requeue_signal  # SIGUSR1 (--signal=USR1@...); SIGTERM is scancel's, too
-        ):
-            requeue_slurm_job()  # what Lightning's own SIGUSR1 handler, replaced by this one, would do
-        raise Preempted(received, step, path)
-
-
-def requeue_slurm_job() -> int:
-    """`scontrol requeue <job>`: SLURM puts the job back in the queue, and it reruns the same command.
-    (`sbatch --requeue` alone does not: it concerns node failures, not a job that exits.)"""
-    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
-    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
-    code = subprocess.call(["scontrol", "requeue", job])
-    if code == 0:
-        rank_zero_info(f"requeued SLURM job {job}")
-    else:
-        rank_zero_warn(f"scontrol requeue {job} failed (exit {code}): resubmit the job to continue")
-    return code
+        save_and_stop(trainer, received)
