@@ -108,6 +108,7 @@ OPTIONAL = (
     "lightspeed.speed.on_model",  # channels_last and torch.compile: only where one is on
     "lightspeed.speed.diagnosis",  # the speed report's notes: only where one applies
     "lightspeed.speed.steady",  # when the step time has settled: only for warmup_steps=auto
+    "lightspeed.resilience.resumed",  # the metrics and random states a resumed run puts back
     "lightspeed.resilience.incidents",  # a preemption's save, a NaN, a full disk, a folder in use
     "lightspeed.compat.checkpoint_paths",  # a restored ModelCheckpoint's paths, made this folder's
     "optuna",

@@ -8,17 +8,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import Metric
 
-from lightspeed.compat.trainer import batches_done_in_epoch, mark_updated
-from lightspeed.core.config import ConfigError
+from lightspeed.compat.trainer import batches_done_in_epoch
 from lightspeed.resilience.identity import RunIdentity
 from lightspeed.resilience.preemption import Preemption
 from lightspeed.resilience.rank_seed import RankSeed, gather
-
-# the attribute that holds a schedule's length, for the schedules whose length is fixed when made
-_LENGTH = ("total_steps", "T_max")
 
 
 class MetricState(L.Callback):
@@ -31,8 +26,9 @@ class MetricState(L.Callback):
     def __init__(self) -> None:
         self._metric_pending: dict[str, Any] | None = None  # metric states restored, not yet applied
         self._latest: dict[str, float] = {}  # the checkpoint's figures, until measured again
-        self._schedules: list[int | None] = []  # the checkpoint's schedule lengths
+        self._schedules: list[dict[str, Any]] = []  # the checkpoint's LR schedules
         self._legacy = False  # the checkpoint keeps the epoch's accuracy the old way
+        self._batch_size: int | None = None  # the checkpoint's data.batch_size
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: Any) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
@@ -54,66 +50,28 @@ class MetricState(L.Callback):
         self._metric_pending = checkpoint.get("metric_state")
         self._legacy = "metric_state" not in checkpoint and "train_acc" in checkpoint  # Lightspeed < 12-2026
         self._latest = dict(checkpoint.get("metrics", {}))
-        self._schedules = [_length(s) for s in checkpoint.get("lr_schedulers") or []]
+        self._schedules = checkpoint.get("lr_schedulers") or []
         saved_config = (checkpoint.get("identity") or {}).get("config") or {}
         self._batch_size = (saved_config.get("data") or {}).get("batch_size")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The schedules are made (configure_optimizers) and not yet restored: compare their lengths."""
         super().on_fit_start(trainer, pl_module)
-        made = [_length(config.scheduler.state_dict()) for config in trainer.lr_scheduler_configs]
-        for restored, length in zip(self._schedules, made, strict=False):
-            if None not in (restored, length) and restored != length:
-                raise ConfigError(
-                    f"the checkpoint's LR schedule spans {restored} steps, this run's {length} "
-                    "(trainer.max_epochs or max_steps changed?); a schedule cannot be stretched: keep the "
-                    "length it was started with, or start a new run"
-                )
+        if self._schedules:
+            from lightspeed.resilience.resumed import check_schedules
+
+            check_schedules(self._schedules, trainer)
         self._schedules = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Lightning skips on_train_epoch_start when it resumes mid-epoch: restore here."""
         super().on_train_start(trainer, pl_module)
-        done, total = batches_done_in_epoch(trainer), trainer.num_training_batches
-        if 0 < done < total:
-            self._say_mid_epoch(trainer, done, total)
-        self._batch_size, self._legacy = None, False
         restored, self._metric_pending = self._metric_pending, None
-        if restored is None or restored.get("epoch") != trainer.current_epoch:
-            return
-        if len(restored["ranks"]) != trainer.world_size:
-            rank_zero_info("the epoch's metrics restart: the checkpoint has another number of ranks")
-            return
-        saved = restored["ranks"][trainer.global_rank]
-        for name, metric in _metrics(pl_module):
-            mine = saved.get(name)
-            if mine is None or mine["state"].keys() != metric.metric_state.keys():
-                rank_zero_info(f"the epoch's {name} restarts: the checkpoint counts it another way")
-                continue
-            if mine["updates"]:
-                for key, value in _moved(mine["state"], pl_module.device).items():
-                    setattr(metric, key, value)
-                mark_updated(metric)
+        if restored is not None or 0 < batches_done_in_epoch(trainer) < trainer.num_training_batches:
+            from lightspeed.resilience.resumed import restore_metrics
 
-    def _say_mid_epoch(self, trainer: L.Trainer, done: int, total: int) -> None:
-        """What a resume at batch `done` of `total` cannot continue exactly: a loader without state_dict
-        replays the epoch, another batch size counts other samples, an earlier release's metrics restart."""
-        epoch = trainer.current_epoch
-        if not hasattr(trainer.train_dataloader, "state_dict"):
-            rank_zero_info(
-                f"resumed at batch {done} of {total} in epoch {epoch}, but the training loader has no "
-                "state_dict: the rest of the epoch replays its first batches (a loader with "
-                "state_dict/load_state_dict, e.g. torchdata's StatefulDataLoader, resumes exactly)"
-            )
-        now = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
-        if None not in (self._batch_size, now) and self._batch_size != now:
-            rank_zero_warn(
-                f"resumed at batch {done} of epoch {epoch} with data.batch_size={now}, but the checkpoint "
-                f"counted batches of {self._batch_size}: the rest of this epoch is not the samples the run "
-                "had left (resume from an epoch-end checkpoint, or keep the batch size)"
-            )
-        if self._legacy:
-            rank_zero_info("the epoch's metrics restart: the checkpoint is from an earlier Lightspeed")
+            restore_metrics(trainer, pl_module, restored, self._batch_size, self._legacy)
+        self._batch_size, self._legacy = None, False
 
 
 class ExactResume(MetricState, Preemption, RankSeed, RunIdentity):
@@ -145,7 +103,3 @@ def _moved(state: dict[str, Any], device: torch.device) -> dict[str, Any]:
         k: [t.detach().to(device) for t in v] if isinstance(v, list) else v.detach().to(device)
         for k, v in state.items()
     }
-
-
-def _length(state: dict[str, Any]) -> int | None:
-    return next((int(state[k]) for k in _LENGTH if k in state), None)

@@ -12,7 +12,6 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
-from lightning.pytorch.utilities import rank_zero_warn
 
 from lightspeed.compat.trainer import restarted_mid_epoch
 
@@ -69,16 +68,12 @@ class RankSeed(L.Callback):
         self._rng_pending = None
 
     def _restore(self, trainer: L.Trainer) -> None:
+        from lightspeed.resilience.resumed import restore_rng
+
         ranks = self._rng_pending["ranks"] if self._rng_pending is not None else []
-        if len(ranks) != trainer.world_size:
-            rank_zero_warn(
-                f"the checkpoint holds random states for {len(ranks)} processes, this run has "
-                f"{trainer.world_size}: continuing with fresh seeds (the run is no longer bit-exact)"
-            )
+        if not restore_rng(ranks, trainer):
             self._rng_pending = None
             self._reseed(trainer)  # a stream of each rank's own, as a run that starts
-            return
-        restore(ranks[trainer.global_rank])
 
 
 def capture() -> dict[str, Any]:
@@ -103,19 +98,6 @@ def capture() -> dict[str, Any]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
-
-
-def restore(state: dict[str, Any]) -> None:
-    """Set the generators `capture` read; CUDA's only where this process uses CUDA too."""
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"].tolist()), p["gauss"]))
-    if "cuda" in state and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def gather(mine: Any) -> list[Any]:
