@@ -104,6 +104,7 @@ OPTIONAL = (
     "lightspeed.run.build_errors",  # and of what a constructor or the Trainer refuses
     "lightspeed.resilience.verify",  # a checkpoint on disk checked: only where one is read
     "lightspeed.core.failure_lines",  # the line a failed fit ends in
+    "lightspeed.core.failure_exit",  # and its exit code
     "lightspeed.resilience.resume_from",  # the checkpoint a rerun continues from
     "lightspeed.speed.on_model",  # channels_last and torch.compile: only where one is on
     "lightspeed.speed.diagnosis",  # the speed report's notes: only where one applies

@@ -38,17 +38,6 @@ class Preempted(BaseException):
         super().__init__(signum, step, path)
         self.signum, self.step, self.path = signum, step, path
 
-    def line(self) -> str:
-        name = signal.Signals(self.signum).name
-        if self.path is None:
-            return (
-                f"preempted by {name} at step {self.step}: nothing saved (trainer.enable_checkpointing=false)"
-            )
-        return (
-            f"preempted by {name}: saved {self.path} at step {self.step}; rerun the same command to continue "
-            "(resume=auto)"
-        )
-
 
 def is_out_of_memory(err: BaseException) -> bool:
     """torch's OutOfMemoryError (CUDA, MPS), or the CPU allocator's, which is a plain RuntimeError."""
@@ -75,28 +64,12 @@ def exit_on_failure(cfg: Any, trainer: L.Trainer) -> Iterator[None]:
     launched = launched_by_lightning(trainer)  # exits 0 on an agreed end: else Lightning SIGKILLs rank 0
     try:
         yield
-    except Preempted as stop:
-        _say(stop.line())
-        raise SystemExit(0 if launched else 128 + stop.signum) from None
-    except SystemExit as stop:
-        # Lightning's exit after a KeyboardInterrupt (trainer.interrupted alone is true after any error)
-        if not isinstance(stop.__context__, KeyboardInterrupt) or stop.code != 1:
-            raise
-        from lightspeed.core.failure_lines import newest_saved
+    except (Preempted, SystemExit, RuntimeError) as err:  # TrainingFailure, torch OOM: RuntimeErrors
+        from lightspeed.core.failure_exit import exit_code
 
-        _say(f"interrupted by SIGINT (Ctrl-C) at step {trainer.global_step}: {newest_saved(trainer)}")
-        raise SystemExit(128 + signal.SIGINT) from None
-    except TrainingFailure as err:
-        _say(f"error: {err}")
-        raise SystemExit(0 if launched else TRAINING_FAILURE_EXIT) from None
-    except RuntimeError as err:  # torch.OutOfMemoryError is one
-        from lightspeed.core.failure_lines import explained
-
-        line = explained(err, cfg, trainer)
-        if line is None:
+        if (code := exit_code(err, cfg, trainer, launched)) is None:
             raise
-        print(f"error: {line}", file=sys.stderr)
-        raise SystemExit(TRAINING_FAILURE_EXIT) from None
+        raise SystemExit(code) from None
 
 
 @contextmanager
