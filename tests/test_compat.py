@@ -102,7 +102,7 @@ def test_the_launcher_keeps_the_ranks_it_started() -> None:
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
     launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
-    assert launcher.procs == [], broken("_SubprocessScriptLauncher.procs", "trainer.launched_ranks")
+    assert launcher.procs == [], broken("_SubprocessScriptLauncher.procs", "ranks.launched_ranks")
 
 
 @pytest.mark.slow  # over 9 s on the 2-core CI machine: make test stays within 4 minutes
@@ -113,7 +113,7 @@ def test_the_launchers_observer_disarmed_no_longer_kills_this_process_when_a_ran
     script = (
         "import subprocess, sys, time\n"
         "from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver\n"
-        "from lightspeed.compat.trainer import disarm_child_observer\n"
+        "from lightspeed.compat.ranks import disarm_child_observer\n"
         "import os\n"
         "child = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'])\n"
         "_ChildProcessObserver(os.getpid(), [child], sleep_period=1).start()\n"
@@ -126,7 +126,7 @@ def test_the_launchers_observer_disarmed_no_longer_kills_this_process_when_a_ran
     assert armed.returncode == -9 and "alive" not in armed.stdout  # what the observer does
     disarmed = subprocess.run([sys.executable, "-c", script, "disarm"], capture_output=True, text=True)
     assert disarmed.returncode == 0 and "alive" in disarmed.stdout, broken(
-        "_ChildProcessObserver watches _child_processes", "trainer.disarm_child_observer"
+        "_ChildProcessObserver watches _child_processes", "ranks.disarm_child_observer"
     )
 
 
