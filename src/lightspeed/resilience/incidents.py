@@ -1,5 +1,6 @@
 """What the resilience callbacks do only once something happened, loaded then: a preemption's save and exit
-(with SLURM's requeue), a non-finite loss, gradient or weights, a full disk, a run folder in use."""
+(with SLURM's requeue), a non-finite loss, gradient or weights, a full disk, a run folder in use. (Under DDP
+the ranks agree on the first non-finite loss here at every check.)"""
 
 from __future__ import annotations
 
