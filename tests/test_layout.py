@@ -112,6 +112,7 @@ OPTIONAL = (
     "lightspeed.resilience.resumed",  # the metrics and random states a resumed run puts back
     "lightspeed.resilience.incidents",  # a preemption's save, a NaN, a full disk, a folder in use
     "lightspeed.compat.checkpoint_paths",  # a restored ModelCheckpoint's paths, made this folder's
+    "lightspeed.compat.ranks",  # the launcher's ranks: only where a run has them
     "optuna",
     "torch.distributed.checkpoint",
 )

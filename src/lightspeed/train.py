@@ -20,13 +20,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.compat.trainer import (
-    fitted_in_children,
-    kill_launched_ranks,
-    launched_ranks,
-    progress_saved,
-    spawned,
-)
+from lightspeed.compat.trainer import spawned
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train, writing_run_folder
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
@@ -65,6 +59,8 @@ def stop_other_ranks_on_failure(trainer: L.Trainer) -> Iterator[None]:
     try:
         yield
     except (Exception, KeyboardInterrupt) as err:
+        from lightspeed.compat.ranks import kill_launched_ranks, launched_ranks
+
         procs = launched_ranks(trainer)
         if procs and not getattr(err, "agreed", False):  # agreed: each rank exits by itself
             from lightspeed.core.failure_lines import stop_ranks
@@ -241,6 +237,8 @@ class Run:
         step, epochs = trainer.global_step, trainer.current_epoch
         last_ckpt = resume.checkpoint_dir(self.cfg) / "last.ckpt"
         if spawned(trainer) and last_ckpt.is_file():  # the children's: Lightning does not bring them back
+            from lightspeed.compat.ranks import progress_saved
+
             step, epochs = progress_saved(
                 torch.load(last_ckpt, map_location="cpu", weights_only=True, mmap=True)
             )
@@ -262,7 +260,10 @@ class Run:
     ) -> dict[str, float]:
         """The test metrics of the best checkpoint; without one (fast_dev_run, no checkpoint callback), of
         the weights in memory."""
-        fitted_in_children(trainer)
+        if spawned(trainer):
+            from lightspeed.compat.ranks import fitted_in_children
+
+            fitted_in_children(trainer)
         with exit_on_config_error(), exit_on_failure(self.cfg, trainer), stop_other_ranks_on_failure(trainer):
             results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
         return {k: float(v) for k, v in (results[0] if results else {}).items()}

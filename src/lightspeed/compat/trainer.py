@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning as L
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler  # noqa: F401 (re-exported)
 from torchmetrics import Metric
@@ -41,13 +39,3 @@ def mark_updated(metric: Metric) -> None:
     """Tell a torchmetrics Metric whose state was set by hand that it holds updates, so that `compute`
     neither warns nor returns its default."""
     metric._update_count += 1
-
-
-def __getattr__(name: str) -> Any:
-    """The launcher's helpers, in `lightspeed.compat.ranks` since they are loaded only where used, under
-    their names here too (`from lightspeed.compat.trainer import kill_launched_ranks` keeps working)."""
-    if name in ("launched_ranks", "progress_saved", "fitted_in_children", "kill_launched_ranks"):
-        from lightspeed.compat import ranks
-
-        return getattr(ranks, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
