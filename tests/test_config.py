@@ -75,7 +75,6 @@ def test_bad_values_name_the_key(train_cfg, override: str, key: str) -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("ckpt_path=/no/such/file.ckpt", "^ckpt_path=/no/such/file.ckpt does not exist"),
         ("data.augment.crop_padding=-1", "^data.augment.crop_padding=-1 is invalid"),
         ("data.prefetch_factor=0", "^data.prefetch_factor=0 is invalid"),
         (
@@ -89,6 +88,11 @@ def test_bad_values_name_the_key(train_cfg, override: str, key: str) -> None:
 def test_more_bad_values_fail_before_any_work(train_cfg, override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         validate_train(train_cfg(override))
+
+
+def test_a_missing_ckpt_path_fails_before_any_work(train_cfg, capsys) -> None:
+    line = refused(train_cfg("ckpt_path=/no/such/file.ckpt"), capsys)
+    assert line.startswith("error: ckpt_path=/no/such/file.ckpt does not exist: pass the path of a .ckpt")
 
 
 def test_an_unwritable_log_dir_fails_before_any_work(train_cfg, tmp_path) -> None:
