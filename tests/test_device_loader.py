@@ -94,7 +94,7 @@ def test_whole_batches_equal_the_per_sample_batches(workers: int) -> None:
     """One indexing operation a batch gives the very batches torch's per-sample fetch and collate give."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from lightspeed.data.device_loader import ResumableDataLoader, WholeBatches, whole_batch
+    from lightspeed.data.host_loader import ResumableDataLoader, WholeBatches, whole_batch
 
     gen = torch.Generator().manual_seed(0)
     split = TensorDataset(torch.randn(67, 3, 4, 4, generator=gen), torch.randint(0, 10, (67,), generator=gen))

@@ -16,7 +16,7 @@ from PIL import Image
 from conftest import TINY, assert_resumes_exactly
 from fakes import image_folder
 from lightspeed.core.config import ConfigError, exit_on_config_error
-from lightspeed.data.device_loader import ResumableDataLoader
+from lightspeed.data.host_loader import ResumableDataLoader
 from lightspeed.data.image_folder import ImageFolderDataModule
 from lightspeed.data.images import ImageFiles, decode, scan
 from lightspeed.eval import run as evaluate

@@ -113,6 +113,11 @@ OPTIONAL = (
     "lightspeed.resilience.incidents",  # a preemption's save, a NaN, a full disk, a folder in use
     "lightspeed.compat.checkpoint_paths",  # a restored ModelCheckpoint's paths, made this folder's
     "lightspeed.compat.ranks",  # the launcher's ranks: only where a run has them
+    "lightspeed.data.host_loader",  # the DataLoader path: a default run slices its data on the device
+    "lightspeed.data.refusals",  # the wording of what a DataModule refuses
+    "lightspeed.data.stats",  # uint8 images' and regression targets' statistics
+    "lightspeed.data.augment",  # only where data.augment asks for some
+    "lightspeed.data.synthetic",  # the data sets a default run does not use
     "optuna",
     "torch.distributed.checkpoint",
 )

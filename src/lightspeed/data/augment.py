@@ -24,3 +24,10 @@ def random_flip(x: Tensor) -> Tensor:
     """Mirror each image left-right with probability 1/2. (B, C, H, W) -> (B, C, H, W)"""
     flip = torch.rand(x.shape[0], 1, 1, 1, device=x.device) < 0.5
     return torch.where(flip, x.flip(-1), x)
+
+
+def augment(x: Tensor, crop_padding: int, flip: bool) -> Tensor:
+    """A training batch as `data.augment` asks: shifted by up to `crop_padding` pixels, then mirrored."""
+    if crop_padding:
+        x = random_crop(x, crop_padding)
+    return random_flip(x) if flip else x

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from abc import abstractmethod
 from typing import Any
@@ -16,17 +15,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from lightspeed.compat.trainer import UnrepeatedDistributedSampler
-from lightspeed.core.config import ConfigError
-from lightspeed.data.augment import random_crop, random_flip
-from lightspeed.data.device_loader import (
-    DeviceLoader,
-    EpochOrder,
-    Position,
-    ResumableDataLoader,
-    WholeBatches,
-    whole_batch,
-)
+from lightspeed.data.device_loader import DeviceLoader, EpochOrder, Position
 
 #: The splits of every data set; `load_arrays` may give any of them, the rest are drawn from `train`.
 SPLITS = ("train", "val", "test")
@@ -39,13 +28,8 @@ def sample_ids(x: Tensor) -> Tensor:
     """A 64-bit hash of each sample's raw input (int64 (N,)): which samples a run trained on, kept in its
     checkpoints, so that an evaluation can say when its test set holds some of them."""
     rows = x.detach().cpu().reshape(len(x), -1).contiguous().view(torch.uint8).numpy()  # any dtype's bytes
-    return torch.tensor(
-        [
-            int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little", signed=True)
-            for row in rows
-        ],
-        dtype=torch.int64,
-    )
+    digests = [hashlib.blake2b(row.tobytes(), digest_size=8).digest() for row in rows]
+    return torch.tensor([int.from_bytes(d, "little", signed=True) for d in digests], dtype=torch.int64)
 
 
 #: A label that is no class (a sample, or a position, not scored): torch's cross_entropy skips it by default.
@@ -58,54 +42,22 @@ def _spread(std: Tensor) -> Tensor:
     return torch.where(std < 1e-6, torch.ones_like(std), std)
 
 
-def mean_std(x: Tensor) -> tuple[float, float]:
-    """Mean and standard deviation of all of `x`'s values, in float64 chunks: no float copy of a large
-    uint8 data set."""
-    n = x.numel()
-    total = squares = 0.0
-    for chunk in x.reshape(len(x), -1).split(4096):
-        values = chunk.double()
-        total += float(values.sum())
-        squares += float((values * values).sum())
-    mean = total / n
-    variance = max(0.0, squares / n - mean * mean) * n / max(1, n - 1)
-    return mean, max(math.sqrt(variance), 1e-8)
-
-
-#: Device-resident data may take at most this share of the device's free memory: the rest is for
-#: weights, optimizer state and activations.
-ON_DEVICE_MAX_SHARE = 0.5
-
-
 def on_device_choice(on_device: bool | str, nbytes: int, device: torch.device) -> tuple[bool, str | None]:
     """Whether an in-memory data set of `nbytes` is served from the training device (sliced there, no
     DataLoader), and the line that says why (None: nothing to say). `auto`: yes when it fits within
-    `ON_DEVICE_MAX_SHARE` of a GPU's free memory, or when it is in host memory already (CPU, and MPS's
-    unified memory); workers asked for by number turn `auto` off before (`speed.accel.resolve`). `true`
-    where it does not fit is a ConfigError."""
+    `host_loader.ON_DEVICE_MAX_SHARE` of a GPU's free memory, or when it is in host memory already (CPU,
+    and MPS's unified memory); workers asked for by number turn `auto` off before (`speed.accel.resolve`).
+    `true` where it does not fit is a ConfigError."""
     if on_device is False:
         return False, None
-    gib = 2**30
-    size = f"{nbytes / gib:.2f} GiB" if nbytes >= gib / 10 else f"{nbytes / 2**20:.1f} MiB"
-    if device.type != "cuda":
-        where = "host memory" if device.type == "cpu" else f"{device.type} (unified memory)"
-        note = f"data.on_device=auto: the data set ({size}) is sliced in {where}, no DataLoader"
-        return True, note if on_device == "auto" else None
-    free, _ = torch.cuda.mem_get_info(device)
-    fits = nbytes <= ON_DEVICE_MAX_SHARE * free
-    message = (
-        f"data.on_device={on_device}: the data set needs {size}, "
-        f"{'within' if fits else 'more than'} {ON_DEVICE_MAX_SHARE:.0%} of the {free / gib:.1f} GiB "
-        f"free on {device}"
-    )
-    if fits:
-        return (
-            True,
-            f"{message}: it lives there, batches are sliced on the device" if on_device == "auto" else None,
-        )
-    if on_device is True:
-        raise ConfigError(f"{message}: set data.on_device=auto or false")
-    return False, f"{message}: using a DataLoader (workers, pinned memory)"
+    size = f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 / 10 else f"{nbytes / 2**20:.1f} MiB"
+    if device.type == "cuda":
+        from lightspeed.data.host_loader import on_cuda_choice
+
+        return on_cuda_choice(on_device, nbytes, device, size)
+    where = "host memory" if device.type == "cpu" else f"{device.type} (unified memory)"
+    note = f"data.on_device=auto: the data set ({size}) is sliced in {where}, no DataLoader"
+    return True, note if on_device == "auto" else None
 
 
 class ArrayDataModule(L.LightningDataModule):
@@ -181,7 +133,12 @@ class ArrayDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         self._load()
-        self._check_batch_size(stage)
+        per_rank = len(self.splits["train"]) // self._ranks()[1]
+        overfit = self.trainer is not None and self.trainer.overfit_batches > 0  # unshuffled: nothing dropped
+        if stage in (None, "fit") and self.drop_last and not overfit and self.batch_size > per_rank:
+            from lightspeed.data.refusals import batch_too_large
+
+            raise batch_too_large(self.batch_size, per_rank)
 
     # radon C: once; split-name check; bytes vs float normalisation (per feature)
     def _load(self) -> None:
@@ -190,12 +147,10 @@ class ArrayDataModule(L.LightningDataModule):
             return
         loaded = self.load_arrays()
         given = dict(loaded) if isinstance(loaded, dict) else {"train": loaded}
-        unknown = set(given) - set(SPLITS)
-        if "train" not in given or unknown:
-            raise ValueError(
-                f"{type(self).__name__}.load_arrays returned splits {sorted(given)}: name them "
-                f"{', '.join(SPLITS)} (train is required)"
-            )
+        if "train" not in given or set(given) - set(SPLITS):
+            from lightspeed.data.refusals import bad_split_names
+
+            raise bad_split_names(self, given)
         parts = self._draw_missing_splits(given)
         self._check_labels(parts)
         # Before normalisation: a sample's identity is its raw input, whatever the statistics.
@@ -213,37 +168,22 @@ class ArrayDataModule(L.LightningDataModule):
 
     def _byte_scale(self, train_x: Tensor) -> tuple[float, float]:
         """(mean, std) that uint8 inputs are scaled by on the device: the train split's, or 0 and 255."""
-        if self.normalize == "per_feature":
-            raise ConfigError(
-                "data.normalize=per_feature is for float (tabular) inputs; these are uint8 images: use "
-                "data.normalize=true (one mean and std) or false"
-            )
-        return mean_std(train_x) if self.normalize else (0.0, 255.0)
+        from lightspeed.data.stats import byte_scale
+
+        return byte_scale(train_x, self.normalize)
 
     def _check_labels(self, parts: dict[str, Arrays]) -> None:
         """A data set that declares `num_classes` gives integer labels from 0 to num_classes - 1: one line
         before any training, where a classifier's loss would fail with a traceback (float targets) or on
         a GPU with a device-side assert (a label out of range)."""
         classes = getattr(self, "num_classes", None)
-        if classes is None:
-            return
-        name = type(self).__name__
-        for split, (_, y) in parts.items():
-            if y.is_floating_point() or y.dtype == torch.bool:
-                raise ConfigError(
-                    f"data: {name} declares num_classes={classes}, but its {split} labels are {y.dtype}: "
-                    f"give int64 class labels 0..{classes - 1}; for other targets (continuous, multi-hot) "
-                    "declare what your model is built from instead, e.g. num_targets for model=regressor"
-                )
+        for split, (_, y) in parts.items() if classes is not None else ():
             scored = y[y != IGNORE_INDEX]  # cross_entropy's default ignore_index: not a class
-            if len(scored) == 0:
-                continue
-            low, high = int(scored.min()), int(scored.max())
-            if low < 0 or high >= classes:
-                raise ConfigError(
-                    f"data: {name}'s {split} labels range over {low}..{high}, outside 0..{classes - 1} for "
-                    f"num_classes={classes}: set num_classes to the number of classes, or fix the labels"
-                )
+            not_int = y.is_floating_point() or y.dtype == torch.bool
+            if not_int or (len(scored) > 0 and (scored.min() < 0 or scored.max() >= classes)):
+                from lightspeed.data.refusals import bad_labels
+
+                raise bad_labels(self, split, y, classes)
 
     def model_args(self) -> dict[str, Any]:
         """What a model for this data is built from: the engine passes each to the model's constructor
@@ -260,46 +200,25 @@ class ArrayDataModule(L.LightningDataModule):
         return args
 
     def _target_stats(self) -> tuple[list[float], list[float]]:
-        self.prepare_data()  # asked before training (the model is built from them): the files first
-        self._load()
-        y = self.splits["train"].tensors[1].double()
-        y = y.reshape(len(y), -1)
-        return y.mean(dim=0).tolist(), _spread(y.std(dim=0)).tolist()
+        from lightspeed.data.stats import target_stats  # regression targets only
 
-    def _check_batch_size(self, stage: str | None) -> None:
-        per_rank = len(self.splits["train"]) // self._ranks()[1]
-        overfit = self.trainer is not None and self.trainer.overfit_batches > 0  # unshuffled: nothing dropped
-        if stage in (None, "fit") and self.drop_last and not overfit and self.batch_size > per_rank:
-            raise ConfigError(
-                f"data.batch_size={self.batch_size} is larger than the {per_rank} training samples of each "
-                "rank: with data.drop_last=true not one batch would train; lower data.batch_size, or set "
-                "data.drop_last=false"
-            )
+        return target_stats(self)
 
-    # radon C: given vs drawn splits, each refused when empty; filters over split names
     def _draw_missing_splits(self, given: dict[str, Arrays]) -> dict[str, Arrays]:
         """`val` and `test` where `load_arrays` did not give them: drawn from `train` by `split_seed` alone,
         so they are the same on every rank and in every rerun."""
         missing = [name for name in ("val", "test") if name not in given]
         x, y = given["train"]
-        n = len(x)
-        fractions = {"val": self.val_fraction, "test": self.test_fraction}
-        sizes = {name: round(n * fractions[name]) for name in missing}
-        n_train = n - sum(sizes.values())
-        counts = {"train": n_train, **sizes, **{k: len(v[0]) for k, v in given.items() if k != "train"}}
-        empty = [name for name, (inputs, _) in given.items() if len(inputs) < 1]
-        if empty:
-            raise ValueError(f"{type(self).__name__}.load_arrays returned an empty {empty[0]} split")
-        if min(counts.values()) < 1:
-            drawn = " and ".join(f"data.{name}_fraction={fractions[name]}" for name in missing)
-            raise ConfigError(
-                f"{drawn} leave an empty split of {n} samples "
-                f"({', '.join(f'{k} {v}' for k, v in counts.items())}): change the fractions"
-            )
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
-        drawn_idx = dict(zip(("train", *missing), order.split([n_train, *sizes.values()]), strict=True))
-        parts = {name: (x[idx], y[idx]) for name, idx in drawn_idx.items()}
-        return {name: parts[name] if name in parts else given[name] for name in SPLITS}
+        sizes = [round(len(x) * getattr(self, f"{name}_fraction")) for name in missing]
+        n_train = len(x) - sum(sizes)
+        if min(n_train, *sizes, *(len(inputs) for inputs, _ in given.values())) < 1:
+            from lightspeed.data.refusals import empty_split
+
+            raise empty_split(self, given, missing)
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.split_seed))
+        drawn = dict(zip(("train", *missing), order.split([n_train, *sizes]), strict=True))
+        parts = given | {name: (x[idx], y[idx]) for name, idx in drawn.items()}
+        return {name: parts[name] for name in SPLITS}
 
     # --- where the batches come from -------------------------------------------------------------
 
@@ -319,12 +238,9 @@ class ArrayDataModule(L.LightningDataModule):
 
     def _decide_on_device(self) -> bool:
         if not all(isinstance(ds, TensorDataset) for ds in self.splits.values()):
-            if self.on_device is True:
-                raise ConfigError(
-                    f"data.on_device=true needs the data set in memory; {type(self).__name__} reads it "
-                    "from files: set data.on_device=auto or false"
-                )
-            return False
+            from lightspeed.data.host_loader import files_on_device
+
+            return files_on_device(self)
         need = sum(t.numel() * t.element_size() for ds in self.splits.values() for t in ds.tensors)
         decision, note = on_device_choice(self.on_device, need, self._device)
         if note:
@@ -332,44 +248,17 @@ class ArrayDataModule(L.LightningDataModule):
         return decision
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader | DeviceLoader:
-        rank, world = self._ranks()
         # The data order is the run's seed's, as for Lightning's DistributedSampler: equal on all ranks.
-        order = EpochOrder(
-            len(self.splits[split]), shuffle, int(os.environ.get("PL_GLOBAL_SEED", 0)), rank, world
-        )
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        order = EpochOrder(len(self.splits[split]), shuffle, seed, *self._ranks())
         if self.uses_device_loader():
             if split not in self._device_splits:
                 self._device_splits[split] = tuple(t.to(self._device) for t in self.splits[split].tensors)
             x, y = self._device_splits[split]
             return DeviceLoader(x, y, self.batch_size, order, drop_last=shuffle and self.drop_last)
-        options = self._loader_options(order.seed + rank)
-        # A batch is fetched whole (`__getitems__`): in-memory arrays with one indexing operation, not
-        # sample by sample; files decoded together in one worker.
-        dataset = self.splits[split]
-        batches = WholeBatches(dataset) if isinstance(dataset, TensorDataset) else dataset
-        if shuffle:
-            return ResumableDataLoader(
-                batches, sampler=order, collate_fn=whole_batch, drop_last=self.drop_last, **options
-            )
-        # Evaluation (and overfit_batches) under DDP: each sample on exactly one rank. Lightning's default
-        # sampler pads the last batch with repeats, which would count some samples twice in the metrics.
-        sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
-        whole = whole_batch if hasattr(batches, "__getitems__") else None  # else: your Dataset, per sample
-        return DataLoader(batches, sampler=sampler if world > 1 else None, collate_fn=whole, **options)
+        from lightspeed.data.host_loader import dataloader  # workers, pinned memory, files
 
-    def _loader_options(self, seed: int) -> dict[str, Any]:
-        """A DataLoader's settings: the loader knobs, and the generator its workers are seeded from (not the
-        global RNG, which creating an iterator would otherwise advance: a resumed run must draw the same
-        numbers as an uninterrupted one)."""
-        workers = self.num_workers
-        return {
-            "batch_size": self.batch_size,
-            "num_workers": workers,
-            "pin_memory": self.pin_memory,
-            "persistent_workers": self.persistent_workers and workers > 0,
-            "prefetch_factor": self.prefetch_factor if workers > 0 else None,
-            "generator": torch.Generator().manual_seed(seed),
-        }
+        return dataloader(self, split, order)
 
     def train_dataloader(self) -> DataLoader | DeviceLoader:
         # overfit_batches: the same batches every epoch
@@ -414,9 +303,8 @@ class ArrayDataModule(L.LightningDataModule):
         if x.dtype == torch.uint8 and self.input_scale is not None:
             mean, std = self.input_scale
             x = (x.float() - mean) / std
-        if self.trainer is not None and self.trainer.training and x.dim() == 4:
-            if self.augment["crop_padding"]:
-                x = random_crop(x, int(self.augment["crop_padding"]))
-            if self.augment["flip"]:
-                x = random_flip(x)
+        if self.trainer is not None and self.trainer.training and x.dim() == 4 and any(self.augment.values()):
+            from lightspeed.data.augment import augment  # only where data.augment asks for some
+
+            x = augment(x, int(self.augment["crop_padding"]), self.augment["flip"])
         return x, y

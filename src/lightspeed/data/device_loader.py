@@ -4,7 +4,8 @@
 copies. The fastest training code (airbench, nanoGPT) keeps the whole data set on the GPU and slices
 batches out of it with an on-device permutation; on a CPU the same code is the in-memory fast path.
 `ResumableDataLoader` is torch's DataLoader (workers, pinned memory) over the same order; over a
-`WholeBatches` view it fetches each batch with one indexing operation.
+`WholeBatches` view it fetches each batch with one indexing operation. Those two live in `host_loader`,
+imported only where a DataLoader is used, and are still found here by name (`__getattr__`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 
@@ -107,40 +107,10 @@ class DeviceLoader(Position):
             yield self.x.index_select(0, batch), self.y.index_select(0, batch)
 
 
-class ResumableDataLoader(Position, DataLoader):
-    """torch's DataLoader over an `EpochOrder` sampler. Batches are counted as they reach the training
-    loop, not as the sampler hands out indices: workers fetch ahead of what was trained on."""
+def __getattr__(name: str) -> Any:
+    """`ResumableDataLoader`, `WholeBatches` and `whole_batch`, from `host_loader` when first asked for."""
+    if name in ("ResumableDataLoader", "WholeBatches", "whole_batch"):
+        from lightspeed.data import host_loader
 
-    def __init__(self, *args: Any, sampler: EpochOrder, **kwargs: Any) -> None:
-        super().__init__(*args, sampler=sampler, **kwargs)
-        self._served = 0
-        self._served_epoch = sampler.epoch
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        self.sampler.start = self._begin_epoch() * self.batch_size
-        try:
-            for batch in super().__iter__():
-                self._served += 1
-                yield batch
-        finally:
-            self.sampler.start = 0
-
-
-class WholeBatches(TensorDataset):
-    """In-memory arrays that a DataLoader fetches a batch at a time: `__getitems__` indexes every tensor
-    once with the batch's indices, where torch's default fetches each sample with `__getitem__` and
-    `default_collate` stacks them (~0.5 ms for 64 small samples on a CPU, most of a small model's step).
-    The batch comes out whole, so the loader's `collate_fn` must be `whole_batch`; the values are the
-    same as the stacked samples."""
-
-    def __init__(self, split: TensorDataset) -> None:
-        super().__init__(*split.tensors)
-
-    def __getitems__(self, indices: list[int]) -> list[Tensor]:
-        idx = torch.tensor(indices)  # converted once for all the tensors
-        return [t.index_select(0, idx) for t in self.tensors]
-
-
-def whole_batch(batch: list[Tensor]) -> list[Tensor]:
-    """The collate_fn for `WholeBatches`: the batch is already made (module level: workers pickle it)."""
-    return batch
+        return getattr(host_loader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
