@@ -92,9 +92,8 @@ class DeviceLoader(Position):
         self._served_epoch = order.epoch
 
     def __len__(self) -> int:
-        if self.drop_last:
-            return len(self.sampler) // self.batch_size
-        return -(-len(self.sampler) // self.batch_size)
+        n, size = len(self.sampler), self.batch_size
+        return n // size if self.drop_last else -(-n // size)  # the last, partial batch dropped or kept
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         idx = self.sampler.indices(self.x.device)
