@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 from lightspeed.core import device
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.data import SyntheticDataModule
-from lightspeed.data.device_loader import WholeBatches, whole_batch
+from lightspeed.data.host_loader import WholeBatches, whole_batch
 from lightspeed.models.classifier import Classifier
 from lightspeed.run.entry import compose_config
 from lightspeed.speed import accel

@@ -5,7 +5,7 @@ copies. The fastest training code (airbench, nanoGPT) keeps the whole data set o
 batches out of it with an on-device permutation; on a CPU the same code is the in-memory fast path.
 `ResumableDataLoader` is torch's DataLoader (workers, pinned memory) over the same order; over a
 `WholeBatches` view it fetches each batch with one indexing operation. Those two live in `host_loader`,
-imported only where a DataLoader is used, and are still found here by name (`__getattr__`).
+imported only where a DataLoader is used.
 """
 
 from __future__ import annotations
@@ -104,12 +104,3 @@ class DeviceLoader(Position):
             # index_select, not x[batch]: on a CPU advanced indexing of rows is ~20x slower (144 vs 7 us
             # for 64 rows of 64 floats)
             yield self.x.index_select(0, batch), self.y.index_select(0, batch)
-
-
-def __getattr__(name: str) -> Any:
-    """`ResumableDataLoader`, `WholeBatches` and `whole_batch`, from `host_loader` when first asked for."""
-    if name in ("ResumableDataLoader", "WholeBatches", "whole_batch"):
-        from lightspeed.data import host_loader
-
-        return getattr(host_loader, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

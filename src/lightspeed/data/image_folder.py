@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightspeed.core.config import ConfigError
 from lightspeed.core.files import readable
 from lightspeed.data.base import ArrayDataModule
-from lightspeed.data.device_loader import whole_batch
+from lightspeed.data.host_loader import whole_batch
 from lightspeed.data.images import DECODE_VERSION, ImageFiles, Listing, file_ids, fingerprint, scan
 
 #: Training images decoded in `setup` to estimate the mean and standard deviation when they are not

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset, default_collate
 from lightspeed.core.config import ConfigError
 from lightspeed.core.files import crc32, readable
 from lightspeed.data.base import SPLITS, ArrayDataModule
-from lightspeed.data.device_loader import WholeBatches, whole_batch
+from lightspeed.data.host_loader import WholeBatches, whole_batch
 
 META = "meta.json"
 IDS = "ids.pt"

@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from lightspeed.data.augment import random_crop, random_flip
-from lightspeed.data.device_loader import WholeBatches, whole_batch
+from lightspeed.data.host_loader import WholeBatches, whole_batch
 from lightspeed.models.optim import build_optimizer, build_scheduler
 from lightspeed.speed.steady import settled
 
