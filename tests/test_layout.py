@@ -98,8 +98,10 @@ OPTIONAL = (
     "lightspeed.resilience.sharded",
     "lightspeed.run.tracking",  # MLflow's and W&B's runs continued: only with such a logger
     "lightspeed.report.sweep_table",  # only when a sweep ends
+    "lightspeed.run.sweep_rows",  # and the rows of its jobs: only in a sweep
     "lightspeed.models.nets.resnet",  # the nets the default model does not use
     "lightspeed.models.nets.mlp",
+    "lightspeed.models.net_target",  # a net by import path, or the line refusing a net: only for those
     "lightspeed.run.compose_errors",  # the wording of what Hydra refuses: only when it refuses
     "lightspeed.run.build_errors",  # and of what a constructor or the Trainer refuses
     "lightspeed.resilience.verify",  # a checkpoint on disk checked: only where one is read

@@ -19,7 +19,6 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hydra.utils import get_object
 from torch import nn
 
 from lightspeed.core.config import ConfigError
@@ -28,12 +27,13 @@ NETS: dict[str, type[nn.Module]] = {}
 
 
 def register(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
+    """A class decorator: the net is `model.net.name=<name>` (one class a name)."""
+
     def add(cls: type[nn.Module]) -> type[nn.Module]:
-        if name in NETS and NETS[name] is not cls:
+        if NETS.setdefault(name, cls) is not cls:
             raise ValueError(
                 f"two nets are registered as {name!r}: {NETS[name].__qualname__} and {cls.__qualname__}"
             )
-        NETS[name] = cls
         return cls
 
     return add
@@ -63,41 +63,17 @@ def build_net(spec: dict[str, Any], **given: Any) -> nn.Module:
     in `spec` wins)."""
     if isinstance(spec, nn.Module):  # built by Hydra already (a yaml without `_recursive_: false`)
         return spec
-    if not isinstance(spec, Mapping):
-        raise ConfigError(
-            f"model.net={spec!r} is no mapping: give it name: <a net> (or _target_) and its settings"
-        )
+    if not isinstance(spec, Mapping) or "_target_" in spec or find(spec.get("name")) is None:
+        from lightspeed.models.net_target import build_other  # by import path, or the line refusing it
+
+        return build_other(spec, given)
     kwargs = dict(spec)
-    if "_target_" in kwargs:
-        target = kwargs.pop("_target_")
-        try:
-            cls = get_object(str(target))
-        except (ImportError, ValueError, AttributeError) as err:
-            raise ConfigError(f"model.net._target_={target} cannot be imported ({err})") from None
-        # a function's **kwargs go on to a constructor (timm's): it gets what it names, a class all it takes
-        name, offered = str(target), takes(cls, given, through_kwargs=isinstance(cls, type))
-    else:
-        name = kwargs.pop("name", None)
-        _discover(name)
-        if not isinstance(name, str) or name not in NETS:
-            _discover()  # registered under another name than its file's, or unknown
-            known = ", ".join(sorted(NETS))
-            raise ConfigError(
-                f"model.net.name={name!r} is not a known net: use one of {known}, or model.net._target_="
-                "<an nn.Module class or a function making one>"
-            )
-        cls = NETS[name]
-        offered = takes(cls, given)
+    name = kwargs.pop("name")
+    offered = takes(NETS[name], given)
     try:
-        net = cls(**offered, **kwargs)
+        return NETS[name](**offered, **kwargs)
     except TypeError as err:
         raise ConfigError(f"model.net ({name}): {err}") from None
-    if not isinstance(net, nn.Module):  # a net, not whatever else the callable makes
-        raise ConfigError(
-            f"model.net._target_={name} made a {type(net).__name__}, not an nn.Module: name a net's class "
-            "or a function making one (timm.create_model)"
-        )
-    return net
 
 
 def widths(key: str, value: Any, example: str) -> list[int]:
