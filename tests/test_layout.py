@@ -104,6 +104,7 @@ OPTIONAL = (
     "lightspeed.models.net_target",  # a net by import path, or the line refusing a net: only for those
     "lightspeed.run.compose_errors",  # the wording of what Hydra refuses: only when it refuses
     "lightspeed.run.build_errors",  # and of what a constructor or the Trainer refuses
+    "lightspeed.run.monitor_errors",  # and of a monitor refused
     "lightspeed.resilience.verify",  # a checkpoint on disk checked: only where one is read
     "lightspeed.core.failure_lines",  # the line a failed fit ends in
     "lightspeed.core.failure_exit",  # and its exit code

@@ -4,15 +4,14 @@ may declare its default (a class attribute `monitor = {"metric": "val/mse", "mod
 
 from __future__ import annotations
 
-import difflib
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 import lightning as L
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightspeed.core.config import ConfigError, locate
+from lightspeed.core.config import locate
 
 #: Without a config value and without the module's own default: Lightning's convention.
 FALLBACK = {"metric": "val/loss", "mode": "min"}
@@ -63,16 +62,12 @@ def settle(cfg: DictConfig) -> None:
     if (cfg.monitor.get("metric"), cfg.monitor.get("mode")) != (metric, mode):  # settled once: left as is
         with open_dict(cfg):
             cfg.monitor.metric, cfg.monitor.mode = metric, mode
-    for key, node in consumers(cfg).items():
-        if node.monitor is None:  # this one watches nothing (a checkpoint every N steps, say)
+    for name, node in (cfg.get("callbacks") or {}).items():  # the callbacks that take a metric to monitor
+        if node is None or "monitor" not in node or node.monitor is None:  # null: a checkpoint every N steps
             continue
         for field, own in (("monitor", "metric"), ("mode", "mode")):
-            want = cfg.monitor[own]
-            if field in node and node[field] != want:
-                raise ConfigError(
-                    f"{key}.{field}={node[field]} differs from monitor.{own}={want}: set the run's one "
-                    "monitor instead (monitor.metric=..., monitor.mode=...), which every consumer reads"
-                )
+            if field in node and node[field] != cfg.monitor[own]:
+                _refuse("differs", cfg=cfg, name=name, field=field, own=own)
 
 
 def settled(cfg: DictConfig) -> tuple[str, str]:
@@ -84,35 +79,19 @@ def settled(cfg: DictConfig) -> tuple[str, str]:
     if mode is None:
         mode = own["mode"] if metric == own["metric"] else direction(metric)
         if mode is None:
-            raise ConfigError(
-                f"monitor.mode is not set and the name of monitor.metric={metric} does not say whether "
-                f"higher is better: set monitor.mode=min or monitor.mode=max"
-            )
+            _refuse("mode_unknown", metric=metric)
     if mode not in ("min", "max"):
-        raise ConfigError(f"monitor.mode={mode!r} is invalid: use min or max")
-    if cfg.monitor.get("check_mode", True):
-        _check_mode(metric, mode)
+        _refuse("mode_invalid", mode=mode)
+    if cfg.monitor.get("check_mode", True) and direction(metric) not in (None, mode):
+        _refuse("mode_contradicts", metric=metric, mode=mode)  # val/mae with max
     return metric, str(mode)
 
 
-def _check_mode(metric: str, mode: str) -> None:
-    """One line where the metric's name says the other way is better (val/mae with max)."""
-    named = direction(metric)
-    if named is not None and named != mode:
-        better = "lower" if named == "min" else "higher"
-        raise ConfigError(
-            f"monitor.mode={mode} contradicts monitor.metric={metric} ({better} is better by its name): use "
-            f"monitor.mode={named}, or monitor.check_mode=false if {mode} is really meant"
-        )
+def _refuse(why: str, **facts: Any) -> NoReturn:
+    """Raise the line refusing the run's monitor, worded by `run/monitor_errors.py` (loaded only then)."""
+    from lightspeed.run import monitor_errors
 
-
-def consumers(cfg: DictConfig) -> dict[str, Any]:
-    """The configured callbacks that take a metric to monitor, by config key (`monitor: null` on one of them:
-    it watches nothing)."""
-    found = cfg.get("callbacks") or {}
-    return {
-        f"callbacks.{name}": node for name, node in found.items() if node is not None and "monitor" in node
-    }
+    raise getattr(monitor_errors, why)(**facts)
 
 
 class ChecksMonitor:
@@ -144,11 +123,5 @@ class ChecksMonitor:
 
     def _check_logged(self, trainer: L.Trainer) -> None:
         logged = sorted({*trainer.callback_metrics, "epoch", "step"})  # Lightning adds the last two
-        if self.monitor in logged:
-            return
-        close = difflib.get_close_matches(str(self.monitor), logged, n=1)
-        hint = f"did you mean monitor.metric={close[0]}? " if close else ""
-        raise ConfigError(
-            f"monitor.metric={self.monitor} (mode {self.mode}, used by {type(self).__name__}) is not a "
-            f"metric the model logs: {hint}(it logs {', '.join(logged)})"
-        )
+        if self.monitor not in logged:
+            _refuse("not_logged", callback=self, logged=logged)
