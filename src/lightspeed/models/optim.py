@@ -45,16 +45,6 @@ def _settings(cfg: Any, what: str) -> dict[str, Any]:
     return dict(cfg)
 
 
-def schedule_length(cfg: dict[str, Any], steps: int) -> int:
-    """The steps the schedule spans: `steps`, except that OneCycleLR divides by each phase's length
-    in steps - 1, so in tiny runs (debug=fdr) both phases stay at least 2 steps long; the run simply
-    ends before the schedule does."""
-    if cfg.get("name", "none") != "onecycle":
-        return steps
-    pct = float(cfg.get("pct_start", 0.3))
-    return max(steps, math.ceil(2 / min(pct, 1 - pct)) + 1)
-
-
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: dict[str, Any], steps: int, lr: float
 ) -> tuple[torch.optim.lr_scheduler.LRScheduler | None, list[str]]:
@@ -66,10 +56,12 @@ def build_scheduler(
         return None, []
     if kind not in SCHEDULERS:
         raise ConfigError(f"model.scheduler.name={kind!r} is unknown: use one of {', '.join(SCHEDULERS)}")
-    length = schedule_length(cfg, steps)
     if kind == "cosine":
-        cls, fixed = torch.optim.lr_scheduler.CosineAnnealingLR, {"T_max": length}
-    else:
+        cls, fixed = torch.optim.lr_scheduler.CosineAnnealingLR, {"T_max": steps}
+    else:  # OneCycleLR divides by each phase's length in steps - 1: in tiny runs (debug=fdr) both phases
+        # stay at least 2 steps long, and the run simply ends before the schedule does
+        pct = float(kwargs.get("pct_start", 0.3))
+        length = max(steps, math.ceil(2 / min(pct, 1 - pct)) + 1)
         cls, fixed = torch.optim.lr_scheduler.OneCycleLR, {"max_lr": lr, "total_steps": length}
     # Keys meant for another schedule (`pct_start` when switching to cosine) are left out.
     accepted = inspect.signature(cls).parameters
