@@ -62,12 +62,12 @@ def settle(cfg: DictConfig) -> None:
     if (cfg.monitor.get("metric"), cfg.monitor.get("mode")) != (metric, mode):  # settled once: left as is
         with open_dict(cfg):
             cfg.monitor.metric, cfg.monitor.mode = metric, mode
-    for name, node in (cfg.get("callbacks") or {}).items():  # the callbacks that take a metric to monitor
-        if node is None or "monitor" not in node or node.monitor is None:  # null: a checkpoint every N steps
+    for key, node in consumers(cfg).items():
+        if node.monitor is None:  # this one watches nothing (a checkpoint every N steps, say)
             continue
         for field, own in (("monitor", "metric"), ("mode", "mode")):
             if field in node and node[field] != cfg.monitor[own]:
-                _refuse("differs", cfg=cfg, name=name, field=field, own=own)
+                _refuse("differs", key=key, field=field, value=node[field], own=own, want=cfg.monitor[own])
 
 
 def settled(cfg: DictConfig) -> tuple[str, str]:
@@ -92,6 +92,15 @@ def _refuse(why: str, **facts: Any) -> NoReturn:
     from lightspeed.run import monitor_errors
 
     raise getattr(monitor_errors, why)(**facts)
+
+
+def consumers(cfg: DictConfig) -> dict[str, Any]:
+    """The configured callbacks that take a metric to monitor, by config key (`monitor: null` on one of them:
+    it watches nothing)."""
+    found = cfg.get("callbacks") or {}
+    return {
+        f"callbacks.{name}": node for name, node in found.items() if node is not None and "monitor" in node
+    }
 
 
 class ChecksMonitor:

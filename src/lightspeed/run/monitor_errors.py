@@ -5,18 +5,15 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from omegaconf import DictConfig
-
 from lightspeed.core.config import ConfigError
 from lightspeed.run.monitor import ChecksMonitor, direction
 
 
-def differs(cfg: DictConfig, name: str, field: str, own: str) -> ConfigError:
-    """Where callback `name`'s own `monitor` or `mode` (`field`) differs from the run's (`own`)."""
+def differs(key: str, field: str, value: Any, own: str, want: Any) -> ConfigError:
+    """Where a callback's own `monitor` or `mode` differs from the run's."""
     return ConfigError(
-        f"callbacks.{name}.{field}={cfg.callbacks[name][field]} differs from monitor.{own}={cfg.monitor[own]}"
-        ": set the run's one monitor instead (monitor.metric=..., monitor.mode=...), which every consumer "
-        "reads"
+        f"{key}.{field}={value} differs from monitor.{own}={want}: set the run's one "
+        "monitor instead (monitor.metric=..., monitor.mode=...), which every consumer reads"
     )
 
 
