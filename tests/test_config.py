@@ -95,6 +95,20 @@ def test_a_missing_ckpt_path_fails_before_any_work(train_cfg, capsys) -> None:
     assert line.startswith("error: ckpt_path=/no/such/file.ckpt does not exist: pass the path of a .ckpt")
 
 
+@pytest.mark.parametrize(
+    ("override", "start"),
+    [
+        (
+            "~model._target_",
+            "error: model (model=cnn) names no LightningModule to build in _target_ (a mapping",
+        ),
+        ("~data._target_", "error: data (data=digits) names no LightningDataModule to build in _target_ (a"),
+    ],
+)
+def test_a_group_naming_no_class_to_build_is_one_line(train_cfg, capsys, override: str, start: str) -> None:
+    assert refused(train_cfg(override), capsys).startswith(start)
+
+
 def test_an_unwritable_log_dir_fails_before_any_work(train_cfg, tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

@@ -12,7 +12,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import get_object
 from hydra.utils import instantiate as _instantiate
@@ -134,14 +133,9 @@ def _node(cfg: DictConfig, group: str, kind: str) -> DictConfig:
     """The group's settings, which must be a mapping naming the class to build in `_target_`."""
     node = cfg.get(group)
     if not OmegaConf.is_dict(node) or "_target_" not in node:
-        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-        option = f" ({group}={choices[group]})" if choices.get(group) else ""
-        shape = "a list" if OmegaConf.is_list(node) else "nothing" if node is None else repr(node)[:40]
-        got = "a mapping without one" if OmegaConf.is_dict(node) else shape
-        raise ConfigError(
-            f"{group}{option} names no {kind} to build in _target_ ({got}): its yaml must be a mapping with "
-            f"_target_: <module.Class>, as conf/{group}/*.yaml are"
-        )
+        from lightspeed.run.build_errors import no_target
+
+        raise ConfigError(no_target(node, group, kind))
     return node
 
 

@@ -180,3 +180,15 @@ def _refuse(shape: list[int], why: str) -> None:
         f"model={model} cannot take the inputs of data={data} (shape {shape}): {why}; choose a model "
         "for this data (model=...), or a net that takes its input_shape"
     ) from None
+
+
+def no_target(node: Any, group: str, kind: str) -> str:
+    """The line for a group whose settings name no class to build (`build._node`)."""
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    option = f" ({group}={choices[group]})" if choices.get(group) else ""
+    shape = "a list" if OmegaConf.is_list(node) else "nothing" if node is None else repr(node)[:40]
+    got = "a mapping without one" if OmegaConf.is_dict(node) else shape
+    return (
+        f"{group}{option} names no {kind} to build in _target_ ({got}): its yaml must be a mapping with "
+        f"_target_: <module.Class>, as conf/{group}/*.yaml are"
+    )
