@@ -48,18 +48,7 @@ def _optional_groups(config_name: str) -> set[str]:
 
 
 #: Flags that take a value: the value is not an override.
-WITH_VALUE = {
-    "--config-dir",
-    "-cd",
-    "--config-name",
-    "-cn",
-    "--cfg",
-    "-c",
-    "--package",
-    "-p",
-    "--info",
-    "-i",
-}
+WITH_VALUE = {"--config-dir", "-cd", "--config-name", "-cn", "--cfg", "-c", "--package", "-p", "--info", "-i"}
 
 
 def check_flags(args: list[str]) -> None:
