@@ -90,9 +90,16 @@ def test_more_bad_values_fail_before_any_work(train_cfg, override: str, message:
         validate_train(train_cfg(override))
 
 
-def test_a_missing_ckpt_path_fails_before_any_work(train_cfg, capsys) -> None:
-    line = refused(train_cfg("ckpt_path=/no/such/file.ckpt"), capsys)
-    assert line.startswith("error: ckpt_path=/no/such/file.ckpt does not exist: pass the path of a .ckpt")
+@pytest.mark.parametrize(
+    ("override", "start"),
+    [
+        ("ckpt_path=/no/such/file.ckpt", "error: ckpt_path=/no/such/file.ckpt does not exist: pass the path"),
+        ("ckpt_path=false", "error: ckpt_path=False does not exist: pass the path of a .ckpt"),
+        ("ckpt_path=''", "error: ckpt_path=. is a folder"),
+    ],
+)
+def test_a_missing_ckpt_path_fails_before_any_work(train_cfg, capsys, override: str, start: str) -> None:
+    assert refused(train_cfg(override), capsys).startswith(start)
 
 
 @pytest.mark.parametrize(

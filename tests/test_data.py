@@ -247,3 +247,12 @@ def test_overfit_batches_with_a_large_batch_is_not_refused() -> None:
     )
     dm.setup("fit")
     assert [len(y) for _, y in dm.train_dataloader()] == [1258]
+
+
+def test_augment_without_crop_padding_only_mirrors() -> None:
+    """A DataModule built in code may say crop_padding=None: the batch is mirrored (or not), never cropped."""
+    from lightspeed.data.augment import augment
+
+    x = torch.arange(2 * 4 * 4, dtype=torch.float32).view(2, 1, 4, 4)
+    out = augment(x, None, True)  # type: ignore[arg-type]
+    assert all(torch.equal(o, i) or torch.equal(o, i.flip(-1)) for o, i in zip(out, x, strict=True))

@@ -29,5 +29,5 @@ def random_flip(x: Tensor) -> Tensor:
 def augment(x: Tensor, crop_padding: int, flip: bool) -> Tensor:
     """A training batch as `data.augment` asks: shifted by up to `crop_padding` pixels, then mirrored."""
     if crop_padding:
-        x = random_crop(x, crop_padding)
+        x = random_crop(x, int(crop_padding))
     return random_flip(x) if flip else x

@@ -306,5 +306,5 @@ class ArrayDataModule(L.LightningDataModule):
         if self.trainer is not None and self.trainer.training and x.dim() == 4 and any(self.augment.values()):
             from lightspeed.data.augment import augment  # only where data.augment asks for some
 
-            x = augment(x, int(self.augment["crop_padding"]), self.augment["flip"])
+            x = augment(x, self.augment["crop_padding"], self.augment["flip"])
         return x, y

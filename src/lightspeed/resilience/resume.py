@@ -31,7 +31,7 @@ def start(cfg: DictConfig, ident: dict[str, Any] | None = None) -> tuple[str | N
     identity (`ident`, else that of `cfg`) recorded in its folder (`run.json`)."""
     run_dir = Path(str(cfg.paths.output_dir))
     ident = ident if ident is not None else identity.of(cfg)
-    if cfg.get("ckpt_path"):
+    if cfg.get("ckpt_path") is not None:  # one that is empty or false is refused too
         from lightspeed.resilience import resume_from
 
         return resume_from.given(cfg, run_dir, ident)
