@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed import CONF_DIR, __version__
+from lightspeed.core.config import ConfigError
 from lightspeed.core.files import read_json, write_text_atomically
 from lightspeed.core.schema import ORIGINAL, SCHEMA
 
@@ -193,8 +194,6 @@ class RunIdentity(L.Callback):
             and path
             and Path(path).resolve().is_relative_to(Path(trainer.default_root_dir).resolve())
         ):
-            from lightspeed.resilience.verify import check_same_samples  # only where a checkpoint is loaded
-
             check_same_samples(checkpoint, self.ident, trainer.datamodule, "this run's checkpoint")
 
     def on_save_checkpoint(
@@ -231,3 +230,22 @@ def _pop(config: dict[str, Any], key: str) -> None:
     node = _lookup(config, parent) if parent else config
     if isinstance(node, dict):
         node.pop(last, None)
+
+
+def check_same_samples(checkpoint: dict[str, Any], ident: dict[str, Any], datamodule: Any, name: str) -> None:
+    """Resuming a run's own checkpoint on data whose training split has other samples (an image added: every
+    split drawn anew, test images among the training ones) is a ConfigError naming the change; another run's
+    is not checked."""
+    trained, ids = checkpoint.get(TRAIN_SAMPLES_KEY), getattr(datamodule, "sample_ids", None)
+    own = (checkpoint.get("identity") or {}).get("digest") == digest(ident)
+    if not own or trained is None or not isinstance(ids, dict) or ids.get("train") is None:
+        return
+    now = ids["train"]
+    added, removed = int((~torch.isin(now, trained)).sum()), int((~torch.isin(trained, now)).sum())
+    if added or removed:
+        raise ConfigError(
+            f"the data changed since {name}: its training split now has {added} sample(s) it did not "
+            f"have and lacks {removed} it had (files added to or removed from the data set?), so every "
+            "split would be drawn anew and test samples trained on: restore the data, or train anew with "
+            "run_name=<new name>"
+        )

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from lightspeed.core.config import ConfigError, flatten
-from lightspeed.resilience import identity
 from lightspeed.resilience.checkpoint import CHECKSUM_KEY, checksum, nonfinite_weights, tensors
 
 
@@ -155,25 +154,6 @@ def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
 def describe(diffs: list[str], most: int = 3) -> str:
     more = f" and {len(diffs) - most} more" if len(diffs) > most else ""
     return "; ".join(diffs[:most]) + more
-
-
-def check_same_samples(checkpoint: dict[str, Any], ident: dict[str, Any], datamodule: Any, name: str) -> None:
-    """Resuming a run's own checkpoint on data whose training split has other samples (an image added: every
-    split drawn anew, test images among the training ones) is a ConfigError naming the change; another run's
-    is not checked."""
-    trained, ids = checkpoint.get(identity.TRAIN_SAMPLES_KEY), getattr(datamodule, "sample_ids", None)
-    own = (checkpoint.get("identity") or {}).get("digest") == identity.digest(ident)
-    if not own or trained is None or not isinstance(ids, dict) or ids.get("train") is None:
-        return
-    now = ids["train"]
-    added, removed = int((~torch.isin(now, trained)).sum()), int((~torch.isin(trained, now)).sum())
-    if added or removed:
-        raise ConfigError(
-            f"the data changed since {name}: its training split now has {added} sample(s) it did not "
-            f"have and lacks {removed} it had (files added to or removed from the data set?), so every "
-            "split would be drawn anew and test samples trained on: restore the data, or train anew with "
-            "run_name=<new name>"
-        )
 
 
 def _show(value: Any) -> str:
