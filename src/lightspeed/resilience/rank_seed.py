@@ -12,6 +12,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightspeed.compat.trainer import restarted_mid_epoch
 
@@ -68,8 +69,6 @@ class RankSeed(L.Callback):
         self._rng_pending = None
 
     def _restore(self, trainer: L.Trainer) -> None:
-        from lightspeed.resilience.resumed import restore_rng
-
         ranks = self._rng_pending["ranks"] if self._rng_pending is not None else []
         if not restore_rng(ranks, trainer):
             self._rng_pending = None
@@ -108,3 +107,29 @@ def gather(mine: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
     return out
+
+
+def restore_rng(ranks: list[dict[str, Any]], trainer: L.Trainer) -> bool:
+    """This rank's random states as the checkpoint saved them (`RankSeed`); False, having said so, when it
+    holds another number of ranks' (the caller then seeds afresh)."""
+    if len(ranks) != trainer.world_size:
+        rank_zero_warn(
+            f"the checkpoint holds random states for {len(ranks)} processes, this run has "
+            f"{trainer.world_size}: continuing with fresh seeds (the run is no longer bit-exact)"
+        )
+        return False
+    restore(ranks[trainer.global_rank])
+    return True
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Set the generators `rank_seed.capture` read; CUDA's only where this process uses CUDA too."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"].tolist()), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"])

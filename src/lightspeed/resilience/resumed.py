@@ -4,12 +4,9 @@ continue exactly said."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import lightning as L
-import numpy as np
-import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightspeed.compat.trainer import batches_done_in_epoch, mark_updated
@@ -86,29 +83,3 @@ def _say_mid_epoch(trainer: L.Trainer, done: int, total: int, batch_size: int | 
         )
     if legacy:
         rank_zero_info("the epoch's metrics restart: the checkpoint is from an earlier Lightspeed")
-
-
-def restore_rng(ranks: list[dict[str, Any]], trainer: L.Trainer) -> bool:
-    """This rank's random states as the checkpoint saved them (`RankSeed`); False, having said so, when it
-    holds another number of ranks' (the caller then seeds afresh)."""
-    if len(ranks) != trainer.world_size:
-        rank_zero_warn(
-            f"the checkpoint holds random states for {len(ranks)} processes, this run has "
-            f"{trainer.world_size}: continuing with fresh seeds (the run is no longer bit-exact)"
-        )
-        return False
-    restore(ranks[trainer.global_rank])
-    return True
-
-
-def restore(state: dict[str, Any]) -> None:
-    """Set the generators `rank_seed.capture` read; CUDA's only where this process uses CUDA too."""
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    p = state["python"]
-    random.setstate((p["version"], tuple(p["state"].tolist()), p["gauss"]))
-    if "cuda" in state and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.set_rng_state(state["cuda"])
