@@ -8,8 +8,9 @@ import sys
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
 
-from lightspeed.core.failures import TRAINING_FAILURE_EXIT, Preempted, TrainingFailure, _say
+from lightspeed.core.failures import TRAINING_FAILURE_EXIT, Preempted, TrainingFailure
 
 
 def exit_code(err: BaseException, cfg: Any, trainer: L.Trainer, launched: bool) -> int | None:
@@ -48,3 +49,9 @@ def preempted_line(stop: Preempted) -> str:
         f"preempted by {name}: saved {stop.path} at step {stop.step}; rerun the same command to continue "
         "(resume=auto)"
     )
+
+
+@rank_zero_only
+def _say(message: str) -> None:
+    """A line said once, by the first rank (an end every rank agrees on)."""
+    print(message, file=sys.stderr)

@@ -5,7 +5,6 @@ checkpoint, 1 anything unexpected (with its traceback). Under trainer=ddp these 
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 TRAINING_FAILURE_EXIT = 3
@@ -93,8 +91,3 @@ def process_group_released() -> Iterator[None]:
 def _destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
-
-@rank_zero_only
-def _say(message: str) -> None:
-    print(message, file=sys.stderr)
