@@ -1,10 +1,12 @@
 """Files written under a temporary name and renamed into place: readable as any file the user writes;
-and the checksum that tells whether a file still holds the bytes written."""
+data files read back one way (`read_regular`); and the checksum that tells whether a file still holds the
+bytes written."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import zlib
 from pathlib import Path
 from typing import Any
@@ -27,12 +29,41 @@ def crc32(path: Path) -> int:
     return value
 
 
-def read_json(path: Path) -> Any:
-    """The JSON value in `path`, or None when it is missing, unreadable or torn: a file a run wrote for
-    itself, read as data (the caller checks its shape)."""
+#: The most a data file the engine reads back may hold (records, caches, summaries): far above what it writes.
+MOST_BYTES = 16 * 2**20
+
+
+class RefusedFile(ValueError):
+    """A data file that `read_regular` will not read: the message names the file and why."""
+
+
+def read_regular(path: Path, within: Path | None = None, most: int = MOST_BYTES) -> bytes:
+    """The bytes of `path` where it is a regular file of at most `most` bytes and, its links followed, inside
+    `within`: a FIFO never makes the reader wait, a device or a folder is not read, a link out of the folder
+    the file belongs to is not followed. Else RefusedFile (a missing file too)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than json can read
+        if within is not None and not path.resolve().is_relative_to(within.resolve()):
+            raise RefusedFile(f"{path} is a link out of {within}")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, and is refused below
+    except (OSError, RuntimeError) as err:  # RuntimeError: a loop of links
+        raise RefusedFile(f"{path} cannot be read ({getattr(err, 'strerror', None) or err})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise RefusedFile(f"{path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(most + 1)  # the size now, not the size stat saw: the file may have grown since
+    if len(data) > most:
+        raise RefusedFile(f"{path} holds more than {most} bytes")
+    return data
+
+
+def read_json(path: Path, within: Path | None = None) -> Any:
+    """The JSON value in `path`, or None when it is missing, unreadable, torn or refused by `read_regular`:
+    a file a run wrote for itself, read as data (the caller checks its shape)."""
+    try:
+        return json.loads(read_regular(path, within))
+    except (ValueError, RecursionError):  # RefusedFile; RecursionError: nested deeper than json can read
         return None
 
 
