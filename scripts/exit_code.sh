@@ -4,7 +4,7 @@
 code=$1
 case $code in
   2) why="a bad setting: the error line above names it and the fix" ;;
-  3) why="a training failure, explained above" ;;
+  3) why="the run failed: the error line above names the phase and the cause" ;;
   130) why="interrupted (Ctrl-C)" ;;
   138 | 143) why="preempted: a checkpoint was saved, rerun the same command to continue" ;;
   137) why="killed (SIGKILL), most often by the out-of-memory killer (see dmesg) or a job's memory or time limit; rerun the same command (a training run continues from its last checkpoint)" ;;

@@ -614,3 +614,11 @@ class ForwardingMLP(MLP):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+
+
+class BrokenNet(torch.nn.Module):
+    """A net whose constructor has a bug of its own (not a setting): the error names the node it built."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        raise KeyError("a bug in the constructor")

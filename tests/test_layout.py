@@ -94,6 +94,7 @@ def test_the_top_level_holds_the_users_part_and_the_rooms() -> None:
 
 #: Optional features a default run never loads: each is imported where it is used (issue 47, a small core).
 OPTIONAL = (
+    "lightspeed.core.unexpected",  # how an unexplained error ends: only when one does
     "lightspeed.run.search",
     "lightspeed.resilience.sharded",
     "lightspeed.run.tracking",  # MLflow's and W&B's runs continued: only with such a logger

@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 
 from lightspeed import CONF_DIR
 from lightspeed.core import device as device_facts
+from lightspeed.core.boundary import bounded
 from lightspeed.report import figures
 from lightspeed.speed.measure import RUN, measure, run_process
 from lightspeed.speed.steady import MAX_WARMUP
@@ -285,6 +286,7 @@ def _rounds(
     return rows, header
 
 
+@bounded("bench")
 def main(argv: list[str] | None = None) -> int:
     args, user = _arguments(argv)
     names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")

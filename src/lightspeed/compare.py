@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from lightspeed.core.boundary import bounded
 from lightspeed.core.files import read_json
 from lightspeed.core.summary import SUMMARY_FILE
 from lightspeed.report import figures
@@ -86,6 +87,7 @@ def chart(
     return figures.save(fig, out)
 
 
+@bounded("compare")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="make compare", description=__doc__)
     parser.add_argument("runs", nargs="*", help="run folders or run names under logs/train/runs/")

@@ -25,6 +25,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from lightspeed.core.boundary import bounded
 from lightspeed.core.device import cpu_count
 from lightspeed.speed.accel import auto_num_workers
 from lightspeed.speed.on_model import compile_problem
@@ -253,6 +254,7 @@ def render(f: dict[str, Any], console: Console) -> None:
         console.print("no problems found")
 
 
+@bounded("doctor")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lightspeed-doctor", description=__doc__.splitlines()[0])
     parser.add_argument(

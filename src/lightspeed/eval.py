@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.core import summary
+from lightspeed.core.boundary import phase
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_common
 from lightspeed.core.failures import exit_on_failure
 from lightspeed.core.logs import silence_known_noise
@@ -52,7 +53,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     run_dir = Path(cfg.paths.output_dir)
     summary.config_tree(build.plain_config(cfg), run_dir, show=cfg.get("print_config", True))
-    with exit_on_config_error(), exit_on_failure(cfg, trainer):  # each phase ends in one line
+    with exit_on_config_error(), exit_on_failure(cfg, trainer), phase("test"):  # each phase ends in one line
         results = trainer.test(model, datamodule=dm, verbose=False)
     metrics = {k: float(v) for k, v in (results[0] if results else {}).items()}
     matrix = getattr(model, "confusion_matrix", None)  # a classifier's, computed in testing
@@ -90,7 +91,7 @@ def _predict(
     predict, found = bool(cfg.predict), viz.Intermediates() if cfg.get("viz") else None
     if found is not None:
         trainer.callbacks.append(found)
-    with exit_on_config_error(), exit_on_failure(cfg, trainer):  # under torch.inference_mode
+    with exit_on_config_error(), exit_on_failure(cfg, trainer), phase("predict"):  # under inference_mode
         if type(dm).predict_dataloader is L.LightningDataModule.predict_dataloader:  # the test set's
             batches = trainer.predict(model, dm.test_dataloader(), return_predictions=predict)
         else:
@@ -121,7 +122,7 @@ _NO_GALLERY = "predict_step gives no target, pred and prob"
 def _pictures(found: viz.Intermediates, run_dir: Path, class_names: list[str] | None, name: str) -> str:
     """viz=true: feature_maps.png and predictions.png, whichever the model has something for; one line
     when it has neither (no convolution layers, no predict_step giving target, pred and prob)."""
-    with exit_on_config_error():
+    with exit_on_config_error(), phase("viz"):
         if figures.pyplot(run_dir, lambda line: None) is None:
             raise ConfigError("viz=true needs matplotlib: make install EXTRAS=dev")
         maps = viz.feature_maps(found, run_dir / viz.FEATURE_MAPS_FILE)

@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lightspeed.core import summary
+from lightspeed.core.boundary import phase
 from lightspeed.core.config import ConfigError, exit_on_config_error, first_line, validate_common
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.resilience.identity import DATA_CONFIG_KEY
@@ -149,7 +150,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if model.example_input_array is None:
             model.example_input_array = _first_test_inputs(cfg, stored.get(DATA_CONFIG_KEY), ckpt)
         run_dir = Path(cfg.paths.output_dir)
-        facts = export(model, run_dir, list(cfg.formats), int(cfg.check_batch), float(cfg.tolerance))
+        with phase("export"):
+            facts = export(model, run_dir, list(cfg.formats), int(cfg.check_batch), float(cfg.tolerance))
     rows = {"checkpoint": ckpt, "run_dir": run_dir}
     for name, f in facts.items():
         rows[name] = f"{f['file']} (outputs within {f['max_difference']:.2g} of the checkpoint's model)"

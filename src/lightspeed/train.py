@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightspeed.compat.trainer import spawned
 from lightspeed.core import summary
+from lightspeed.core.boundary import phase
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_train, writing_run_folder
 from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of_memory
 from lightspeed.core.logs import silence_known_noise
@@ -207,6 +208,7 @@ class Run:
                 exit_on_failure(self.cfg, trainer),
                 stop_other_ranks_on_failure(trainer),
                 checkpoint.loading(self.plan.resume_from),
+                phase("fit"),
             ):
                 trainer.fit(model, datamodule=dm, ckpt_path=self.plan.resume_from, weights_only=True)
         finally:  # a preempted or failed attempt's time counts too
@@ -264,7 +266,12 @@ class Run:
             from lightspeed.compat.ranks import fitted_in_children
 
             fitted_in_children(trainer)
-        with exit_on_config_error(), exit_on_failure(self.cfg, trainer), stop_other_ranks_on_failure(trainer):
+        with (
+            exit_on_config_error(),
+            exit_on_failure(self.cfg, trainer),
+            stop_other_ranks_on_failure(trainer),
+            phase("test"),
+        ):
             results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
         return {k: float(v) for k, v in (results[0] if results else {}).items()}
 

@@ -1,6 +1,7 @@
 """Failures during training, each ending the run with one line that says what happened and what to try, and
 an exit code (docs/resilience.md): 3 a failure explained here, 128 + N preempted by signal N after saving a
-checkpoint, 1 anything unexpected (with its traceback). Under trainer=ddp these are the first rank's codes."""
+checkpoint; anything unexpected ends at the command's boundary (`core/boundary.py`). Under trainer=ddp
+these are the first rank's codes."""
 
 from __future__ import annotations
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hydra.utils import get_object
 from torch import nn
 
-from lightspeed.core.config import ConfigError
+from lightspeed.core.config import ConfigError, locate
 from lightspeed.models import nets
 
 
@@ -30,7 +29,7 @@ def build_other(spec: Any, given: dict[str, Any]) -> nn.Module:
         )
     target = kwargs.pop("_target_")
     try:
-        cls = get_object(str(target))
+        cls = locate(str(target))
     except (ImportError, ValueError, AttributeError) as err:
         raise ConfigError(f"model.net._target_={target} cannot be imported ({err})") from None
     # a function's **kwargs go on to a constructor (timm's): it gets what it names, a class all it takes

@@ -13,7 +13,6 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import get_object
 from hydra.utils import instantiate as _instantiate
 from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, LearningRateMonitor, ProgressBar
 from lightning.pytorch.loggers import Logger
@@ -23,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lightspeed.compat import hooks
 from lightspeed.compat.callbacks import ModelCheckpoint
+from lightspeed.core.boundary import phase
 from lightspeed.core.config import ConfigError, first_line, locate
 from lightspeed.models import nets
 from lightspeed.report.curves import CurvesLogger
@@ -37,10 +37,11 @@ def instantiate(node: Any, where: str, **kwargs: Any) -> Any:
     """Hydra's instantiate, with a refused setting in one line naming the config node `where` (and the key
     where the refusal names one); a ConfigError passes through, other errors keep their traceback. The
     node's values are checked against its constructor's annotations first (`check_arguments`)."""
-    if OmegaConf.is_config(node) and "_target_" in node:
-        check_arguments(node, where)
     try:
-        return _instantiate(node, **kwargs)
+        with phase(f"instantiate {where}"):
+            if OmegaConf.is_config(node) and "_target_" in node:
+                check_arguments(node, where)
+            return _instantiate(node, **kwargs)
     except InstantiationException as err:
         from lightspeed.run.build_errors import refused_setting
 
@@ -223,7 +224,7 @@ def model_node(cfg: DictConfig, given: dict[str, Any]) -> DictConfig:
         children = sub if isinstance(sub, list) else sub.values() if isinstance(sub, dict) else ()
         if isinstance(sub, dict) and isinstance(sub.get("_target_"), str):
             with contextlib.suppress(Exception):  # not importable: instantiating it says why, in one line
-                takes = nets.takes(get_object(sub["_target_"]), given, through_kwargs=top)
+                takes = nets.takes(locate(sub["_target_"]), given, through_kwargs=top)
                 sub.update({k: v for k, v in takes.items() if k not in sub})
             if top and sub.get("_recursive_", True) is False:
                 return
@@ -321,7 +322,7 @@ def tracks(cfg: DictConfig) -> bool:
 
     for node in (cfg.get("logger") or {}).values():
         with contextlib.suppress(Exception):  # not importable: building it says why, in one line
-            found = get_object(str(node._target_))
+            found = locate(str(node._target_))
             if isinstance(found, type) and issubclass(found, (MLFlowLogger, WandbLogger)):
                 return True
     return False

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from lightspeed import CONF_DIR
+from lightspeed.core.boundary import boundary
 from lightspeed.core.config import (
     FOLDER_KEYS,
     ConfigError,
@@ -42,7 +43,7 @@ def hydra_entry(config_name: str, task: Callable[[DictConfig], Any]) -> Callable
     """A `main()` that runs `task` on `conf/<config_name>.yaml` composed with the command line."""
 
     def main() -> None:
-        with exit_on_config_error():
+        with exit_on_config_error(), boundary(config_name):
             run(config_name, task)
 
     return main
@@ -59,14 +60,15 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
     def _run(cfg: DictConfig) -> Any:
         started.append(True)
         route_to_run_log()
-        try:
-            return task(cfg)  # Hydra sweepers read the return value
-        except SystemExit as stop:
-            if stop.code == 2:  # the task refused its config: a folder of Hydra's files alone is not a run
-                from lightspeed.run.compose_errors import undo_refused_start
+        with boundary(config_name):  # here, not only around Hydra: its own report of an error is lines more
+            try:
+                return task(cfg)  # Hydra sweepers read the return value
+            except SystemExit as stop:
+                if stop.code == 2:  # the task refused its config: a folder of Hydra's files alone is no run
+                    from lightspeed.run.compose_errors import undo_refused_start
 
-                undo_refused_start(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().job.name)
-            raise
+                    undo_refused_start(Path(HydraConfig.get().runtime.output_dir), HydraConfig.get().job.name)
+                raise
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors instead of printing a dozen lines
     GlobalHydra.instance().clear()

@@ -21,6 +21,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lightspeed.core.boundary import boundary
 from lightspeed.core.config import (
     CONFIG_ERROR_EXIT,
     ConfigError,
@@ -157,7 +158,8 @@ def _search(cfg: DictConfig, train: Any, folder: Path) -> float | None:
         trial_cfg = _trial_config(cfg, trial.params, folder / "trials" / str(trial.number))
         prune = PruneOnValidation(trial, metric)
         try:
-            score = train(trial_cfg, [prune])
+            with boundary(f"hparams_search trial {trial.number}"):
+                score = train(trial_cfg, [prune])
         except SystemExit as stop:  # its one line is printed; a bad setting (2) or a training failure (3)
             if stop.code not in (CONFIG_ERROR_EXIT, TRAINING_FAILURE_EXIT):
                 raise  # preempted, interrupted: the trial stays running, and a rerun runs it again
