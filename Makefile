@@ -92,7 +92,7 @@ compare: $(STAMP)  ## several runs on one chart and a table: RUNS="<run name or 
 
 .PHONY: new-project
 new-project:  ## a project of your own on this engine: NAME=my_project DEST=../my_project [KEEP="mnist cifar10"] [ENGINE=url]
-	$(PYTHON) scripts/new_project.py "$(NAME)" "$(DEST)" --keep "$(KEEP)" --engine "$(ENGINE)"
+	$(PYTHON) scripts/new_project.py --keep=$(call _sq,$(value KEEP)) --engine=$(call _sq,$(value ENGINE)) -- $(call _sq,$(value NAME)) $(call _sq,$(value DEST))
 
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
 	$(PY) -m lightspeed.doctor $(ARGS_WORDS)

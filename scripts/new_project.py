@@ -12,8 +12,11 @@ The files are this template's own examples (copied, their module paths renamed t
 the scaffold in scripts/project/ (`myproject` renamed). The downloaded example data sets (MNIST and
 Fashion-MNIST, CIFAR-10) stay in the engine; KEEP copies their configs, which name the engine's classes.
 
-It is built in a temporary folder beside DEST and renamed into place at the end, so a failure leaves
-nothing half-copied. Standard library only: it runs before any install (`python3 scripts/new_project.py`).
+Each setting is checked before anything is written: a bad one is a line naming it and its fix (exit 2).
+The project is built in a temporary folder beside DEST and renamed into place at the end (an atomic step:
+of two runs at once to one DEST, one wins and the other writes nothing), so a failure leaves nothing
+half-copied. Standard library only (it runs before any install: `python3 scripts/new_project.py`), but for
+packaging, which checks ENGINE: pip's own copy where packaging itself is not installed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import json
 import keyword
 import os
 import re
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
 
 TEMPLATE = Path(__file__).resolve().parent.parent
 SCAFFOLD = TEMPLATE / "scripts" / "project"
@@ -83,14 +88,15 @@ TAKEN = {
 
 
 class Refused(Exception):
-    """A bad NAME, DEST or KEEP: one line for the user."""
+    """A bad NAME, DEST, KEEP or ENGINE: one line for the user."""
 
 
 def check_name(name: str) -> str:
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,99}", name) or keyword.iskeyword(name):
         hint = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_") or "my_project"
         raise Refused(
-            f"NAME={name!r} is not a Python package name: use lowercase letters, digits and _ ({hint})"
+            f"NAME={name!r} is not a Python package name: use up to 100 lowercase letters, digits and _ "
+            f"({hint[:100]})"
         )
     if (
         name in TAKEN | {PACKAGE}
@@ -103,15 +109,30 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_dest(dest: Path) -> Path:
-    dest = dest.expanduser().resolve()
-    if dest == TEMPLATE or TEMPLATE in dest.parents:
-        raise Refused(f"DEST={dest} is inside this repository: give a folder outside it (e.g. ../myproject)")
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise Refused(f"DEST={dest} exists and is not an empty folder: give a new one (nothing was written)")
-    if not dest.parent.is_dir():
-        raise Refused(f"DEST={dest}: its parent folder {dest.parent} does not exist: make it first")
+def check_dest(given: Path) -> Path:
+    """DEST, its parent folders' links resolved; never a link itself, which would write at its target."""
+    try:
+        dest = given.expanduser()
+        if dest.is_symlink():
+            raise Refused(f"DEST={given} is a symbolic link: give the path of a new folder, not a link")
+        dest = dest.resolve()
+        if dest == TEMPLATE or TEMPLATE in dest.parents:
+            raise Refused(
+                f"DEST={dest} is inside this repository: give a folder outside it (e.g. ../myproject)"
+            )
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise Refused(
+                f"DEST={dest} exists and is not an empty folder: give a new one (nothing was written)"
+            )
+        if not dest.parent.is_dir():
+            raise Refused(f"DEST={dest}: its parent folder {dest.parent} does not exist: make it first")
+    except (OSError, RuntimeError, ValueError) as err:  # too long, a loop of links, ~user unknown, NUL
+        raise Refused(f"DEST={given}: {reason(err)}: give another folder (nothing was written)") from None
     return dest
+
+
+def reason(err: Exception) -> str:
+    return err.strerror if isinstance(err, OSError) and err.strerror else str(err)
 
 
 def check_keep(keep: list[str]) -> list[str]:
@@ -124,21 +145,66 @@ def check_keep(keep: list[str]) -> list[str]:
 
 
 def engine_pin(engine: str) -> tuple[str, str]:
-    """The URL that pins the engine (ENGINE as given, else this checkout's commit), and a line for the
-    user where the pin is not what they may think."""
+    """The URL that pins the engine (ENGINE as given, checked, else this checkout's commit), and a line for
+    the user where the pin is not what they may think."""
     if engine:
-        return engine, ""
+        return check_engine(engine), ""
     if not ((TEMPLATE / ".git").exists() and shutil.which("git")):
         return TEMPLATE.as_uri(), f"the engine is pinned to the folder {TEMPLATE} (not a git checkout)"
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=TEMPLATE, capture_output=True, text=True).stdout.strip()
-
-    commit = git("rev-parse", "HEAD")
+    commit = git(TEMPLATE, "rev-parse", "HEAD").stdout.strip()
     said = "this checkout's commit, a local path: ENGINE=git+<url>@<tag> pins a published engine"
-    if git("status", "--porcelain", "--untracked-files=no"):
+    if git(TEMPLATE, "status", "--porcelain", "--untracked-files=no").stdout.strip():
         said += "; the uncommitted changes here are not in it"
-    return f"git+file://localhost{TEMPLATE}@{commit}", said
+    return f"git+file://localhost{quote(str(TEMPLATE))}@{commit}", said
+
+
+def git(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True)
+
+
+def check_engine(engine: str) -> str:
+    """ENGINE as pyproject.toml will pin it: a URL that a requirement takes as it is given (no marker, no
+    character a URL does not hold) and, where it is local, a path and git ref that exist (no network)."""
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:  # a bare python3, as this runs before any install: pip's own copy
+        try:
+            from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+        except ImportError:
+            raise Refused(
+                f"ENGINE={engine} cannot be checked: {sys.executable} has neither packaging nor pip: "
+                "give PYTHON=<a Python with pip>"
+            ) from None
+    fix = "give git+https://<host>/<repo>@<tag>, git+file://localhost/<path>@<tag> or file:///<path>"
+    try:
+        url = Requirement(f"{PACKAGE} @ {engine}").url
+    except InvalidRequirement:
+        url = None
+    scheme = urlsplit(engine).scheme if engine.isprintable() else ""
+    if url != engine or not re.fullmatch(r"https?|file|git\+(https?|file|ssh|git)", scheme):
+        raise Refused(f"ENGINE={engine!r} is not a URL pip installs from: {fix}")
+    if scheme.endswith("file"):
+        local = local_engine(engine)
+        if local:
+            raise Refused(f"ENGINE={engine}: {local}: {fix}")
+    return engine
+
+
+def local_engine(engine: str) -> str:
+    """Why a file:// ENGINE cannot be installed from, or "": its path exists, and its git ref (pip's
+    `@<ref>` after the path) is a commit of the repository there."""
+    parts = urlsplit(engine)
+    if parts.netloc not in ("", "localhost"):
+        return f"{parts.netloc} is not this machine (a file:// URL names a local path)"
+    path, ref = unquote(parts.path), "HEAD"
+    if parts.scheme == "git+file" and "@" in path:
+        path, ref = path.rsplit("@", 1)
+    if not Path(path).exists():
+        return f"{path} does not exist"
+    verify = ["-C", path, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"]
+    if parts.scheme == "git+file" and shutil.which("git") and git(TEMPLATE, *verify).returncode:
+        return f"{ref} is no tag, branch or commit of a git repository at {path} (git -C {path} tag)"
+    return ""
 
 
 def project_files(keep: list[str]) -> dict[str, bytes]:
@@ -161,7 +227,9 @@ def write_project(name: str, into: Path, keep: list[str], engine: str) -> None:
     for rel, raw in project_files(keep).items():
         target = into / placeholder.sub(name, rel)
         target.parent.mkdir(parents=True, exist_ok=True)
-        text = placeholder.sub(name, raw.decode()).replace("ENGINE_URL", engine)
+        text = placeholder.sub(name, raw.decode()).replace(
+            "ENGINE_URL", json.dumps(engine, ensure_ascii=False)[1:-1]
+        )
         if rel == "README.md":
             title, _, rest = text.partition("\n")
             text = f"{title}\n\n{origin_line(engine)}{rest}"
@@ -194,21 +262,34 @@ def git_init(folder: Path, name: str) -> None:
             raise Refused(f"git {command[0]} failed in the new project ({said}): nothing was written")
 
 
-def new_project(name: str, dest: Path, keep: list[str], engine: str) -> None:
+def new_project(name: str, dest: Path, keep: list[str], engine: str) -> Path:
+    """The project at DEST, or Refused with nothing written: the settings are checked first, then it is
+    built beside DEST and renamed into place in one step."""
     name, dest, keep = check_name(name), check_dest(dest), check_keep(keep)
-    building = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        building = Path(tempfile.mkdtemp(prefix=".new-project-", dir=dest.parent))
+    except OSError as err:  # read-only, /proc, ...
+        raise Refused(
+            f"DEST={dest}: cannot write in {dest.parent} ({reason(err)}): give a folder you can write in"
+        ) from None
     try:
         write_project(name, building, keep, engine)
         git_init(building, name)
         umask = os.umask(0)
         os.umask(umask)
         building.chmod(0o777 & ~umask)  # as a folder made by mkdir, not mkdtemp's private one
-        if dest.exists():
-            dest.rmdir()  # empty, checked above
-        building.rename(dest)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+        try:
+            building.rename(dest)  # replaces an empty folder; fails where another run put its project first
+        except OSError as err:
+            raise Refused(
+                f"DEST={dest} was taken while this ran ({reason(err)}; another new-project to it at once?): "
+                "give a new folder (nothing was written)"
+            ) from None
+    except OSError as err:
+        raise Refused(f"DEST={dest}: {reason(err)} while writing the project (nothing was written)") from None
+    finally:
+        shutil.rmtree(building, ignore_errors=True)  # gone once renamed
+    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,17 +307,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     keep = [k for k in re.split(r"[\s,]+", args.keep) if k]
-    engine, said = engine_pin(args.engine)
     try:
-        new_project(args.name, Path(args.dest), keep, engine)
+        engine, said = engine_pin(args.engine)
+        dest = new_project(args.name, Path(args.dest), keep, engine)
     except Refused as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(str(err))}", file=sys.stderr)
         return 2
-    dest = Path(args.dest).expanduser().resolve()
-    print(f"{args.name}: a new project in {dest} (package src/{args.name}/, a git repository, one commit)")
+    shown = one_line(str(dest))
+    print(f"{args.name}: a new project in {shown} (package src/{args.name}/, a git repository, one commit)")
     print(f"engine: lightspeed @ {engine}" + (f" ({said})" if said else ""))
-    print(f"next: cd {dest} && make install && make test && make train")
+    print(f"next: cd {shown} && make install && make test && make train")
     return 0
+
+
+def one_line(text: str) -> str:
+    """`text` with what a terminal would not show as it is (a newline, an undecodable byte) escaped."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 if __name__ == "__main__":

@@ -158,7 +158,7 @@ def project(tmp_path_factory, venv: Path) -> Path:
     dest = tmp_path_factory.mktemp("projects") / "acme"
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "new_project.py"), "acme", str(dest),
-         "--engine", "git+file://localhost/srv/lightspeed@v9.9.9"],
+         "--engine", "git+https://example.invalid/lightspeed@v9.9.9"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -5,6 +5,7 @@ runs the project's own `make install`, `make test`, `make train` and `make eval`
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -18,6 +19,9 @@ from test_engine import copy_source
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "new_project.py"
+spec = importlib.util.spec_from_file_location("new_project_script", SCRIPT)
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)  # its functions, called in process where a subprocess is not the point
 
 
 def new_project(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -36,8 +40,8 @@ def text_files(root: Path) -> dict[str, str]:
     return found
 
 
-#: Where the fast tests' projects pin the engine: they install nothing.
-PIN = "git+file://localhost/srv/lightspeed@v9.9.9"
+#: Where the fast tests' projects pin the engine: they install nothing, and a remote URL is not looked up.
+PIN = "git+https://example.invalid/lightspeed@v9.9.9"
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +163,8 @@ def test_kept_examples_bring_their_configs_which_name_the_engine_s_data_sets(tmp
 
 
 BAD = {
-    "name": (["My-Proj", "{tmp}/a"], "NAME='My-Proj' is not a Python package name: use lowercase letters, "
-             "digits and _ (my_proj)"),
+    "name": (["My-Proj", "{tmp}/a"], "NAME='My-Proj' is not a Python package name: use up to 100 lowercase "
+             "letters, digits and _ (my_proj)"),
     "taken": (["torch", "{tmp}/a"], "NAME=torch is already a Python module here (imports would clash): "
               "choose another name"),
     "dest-full": (["acme", "{tmp}/full"], "DEST={tmp}/full exists and is not an empty folder: give a new one "
@@ -249,3 +253,81 @@ def test_a_commit_git_refuses_is_one_line_and_writes_nothing(tmp_path: Path) -> 
         "error: git commit failed in the new project (refused by policy): nothing was written"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hooks"]
+
+
+@pytest.fixture(scope="module")
+def engine_repo(tmp_path_factory) -> Path:
+    """A local git repository with a tag v1, for ENGINE=git+file://...@v1."""
+    repo = tmp_path_factory.mktemp("engine")
+    for command in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "engine"], ["tag", "v1"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *command], cwd=repo, check=True)
+    return repo
+
+
+#: The fix a refusal names: what to do, after a colon.
+FIX = re.compile(r": (give|use|make|choose) ")
+
+#: Settings checked before anything is written; {tmp} holds `link` (to a `target` that is not there) and
+#: `loop` (a link to itself).
+REFUSED = {
+    "dest-dangling-link": (["acme", "{tmp}/link"], "DEST"),
+    "dest-link-loop": (["acme", "{tmp}/loop"], "DEST"),
+    "dest-under-a-loop": (["acme", "{tmp}/loop/acme"], "DEST"),
+    "dest-300-characters": (["acme", "{tmp}/" + "a" * 300], "DEST"),
+    "dest-proc": (["acme", "/proc/acme"], "DEST"),
+    "name-300-characters": (["a" * 300, "{tmp}/a"], "NAME"),
+    "engine-not-a-url": (["acme", "{tmp}/a", "--engine=not a url"], "ENGINE"),
+    "engine-quote": (["acme", "{tmp}/a", '--engine=git+https://h/x@v1" , "x", "'], "ENGINE"),
+    "engine-marker": (["acme", "{tmp}/a", '--engine=git+https://h/x@v1 ; python_version<"4"'], "ENGINE"),
+    "engine-newline": (["acme", "{tmp}/a", "--engine=git+https://h/x@v1\nevil = 1"], "ENGINE"),
+    "engine-a-path": (["acme", "{tmp}/a", "--engine={engine}"], "ENGINE"),
+    "engine-missing-path": (["acme", "{tmp}/a", "--engine=git+file://localhost{tmp}/none@v1"], "ENGINE"),
+    "engine-missing-tag": (["acme", "{tmp}/a", "--engine=git+file://localhost{engine}@v2"], "ENGINE"),
+    "engine-missing-file": (["acme", "{tmp}/a", "--engine=file://{tmp}/none.tar.gz"], "ENGINE"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "setting"), REFUSED.values(), ids=REFUSED.keys())
+def test_a_setting_is_checked_before_anything_is_written(
+    tmp_path: Path, engine_repo: Path, capsys, args: list[str], setting: str
+) -> None:
+    """One line naming the setting and its fix, exit 2; the links and their missing target as they were."""
+    if "/proc/" in args[1] and not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    code = script.main([a.format(tmp=tmp_path, engine=engine_repo) for a in args])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "", captured
+    [line] = captured.err.splitlines()
+    assert line.startswith(f"error: {setting}=") and FIX.search(line), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "loop"]
+
+
+def test_an_engine_at_a_tag_of_a_local_repository_is_pinned(
+    tmp_path: Path, engine_repo: Path, capsys
+) -> None:
+    engine = f"git+file://localhost{engine_repo}@v1"
+    assert script.main(["acme", str(tmp_path / "acme"), f"--engine={engine}"]) == 0, capsys.readouterr()
+    assert f'"lightspeed[bench] @ {engine}",' in (tmp_path / "acme" / "pyproject.toml").read_text()
+
+
+def test_of_two_runs_at_once_to_one_dest_one_wins_and_the_other_is_one_line(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """The other run's project lands at DEST while this one builds: this one leaves it whole and removes
+    its own half (the step that puts a project in place is one rename)."""
+    dest = tmp_path / "acme"
+    init = script.git_init
+
+    def the_other_run_wins(folder: Path, name: str) -> None:
+        dest.mkdir()
+        (dest / "theirs.txt").write_text("the other run's project")
+        init(folder, name)
+
+    monkeypatch.setattr(script, "git_init", the_other_run_wins)
+    assert script.main(["acme", str(dest), f"--engine={PIN}"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: DEST={dest} ") and FIX.search(line), line
+    assert [p.name for p in tmp_path.iterdir()] == ["acme"]  # nothing half-built beside it
+    assert [p.name for p in dest.iterdir()] == ["theirs.txt"]
