@@ -5,6 +5,7 @@ runs the project's own `make install`, `make test`, `make train` and `make eval`
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import os
 import re
@@ -331,3 +332,28 @@ def test_of_two_runs_at_once_to_one_dest_one_wins_and_the_other_is_one_line(
     assert line.startswith(f"error: DEST={dest} ") and FIX.search(line), line
     assert [p.name for p in tmp_path.iterdir()] == ["acme"]  # nothing half-built beside it
     assert [p.name for p in dest.iterdir()] == ["theirs.txt"]
+
+
+def test_a_disk_that_fills_while_writing_is_one_line_and_leaves_nothing(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    def full(name: str, into: Path, keep: list[str], engine: str) -> None:
+        (into / "README.md").write_text("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(script, "write_project", full)
+    assert script.main(["acme", str(tmp_path / "acme"), f"--engine={PIN}"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: DEST={tmp_path / 'acme'}: ") and "No space left" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # two processes; the test above pins the rename step in process
+def test_two_processes_at_once_to_one_dest_make_one_project_and_one_line(tmp_path: Path) -> None:
+    args = [sys.executable, str(SCRIPT), "acme", str(tmp_path / "acme"), "--engine", PIN]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
+    results = sorted((proc.wait(timeout=120), proc.stderr.read().splitlines()) for proc in procs)
+    assert [code for code, _ in results] == [0, 2] and len(results[1][1]) == 1, results
+    assert [p.name for p in tmp_path.iterdir()] == ["acme"]
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path / "acme", capture_output=True)
+    assert status.returncode == 0 and status.stdout == b""
