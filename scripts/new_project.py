@@ -139,7 +139,8 @@ def check_keep(keep: list[str]) -> list[str]:
     unknown = sorted(set(keep) - set(EXAMPLES))
     if unknown:
         raise Refused(
-            f"KEEP={' '.join(keep)}: {', '.join(unknown)} is not an example data set ({', '.join(EXAMPLES)})"
+            f"KEEP={' '.join(keep)}: {', '.join(unknown)} is not an example data set: "
+            f"choose from {', '.join(EXAMPLES)}"
         )
     return sorted(set(keep))
 

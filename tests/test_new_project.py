@@ -174,8 +174,8 @@ BAD = {
                     "does not exist: make it first"),
     "dest-inside": (["acme", "{repo}/acme"], "DEST={repo}/acme is inside this repository: give a folder "
                     "outside it (e.g. ../myproject)"),
-    "keep": (["acme", "{tmp}/a", "--keep", "mnist,svhn"], "KEEP=mnist svhn: svhn is not an example data set "
-             "(mnist, cifar10)"),
+    "keep": (["acme", "{tmp}/a", "--keep", "mnist,svhn"], "KEEP=mnist svhn: svhn is not an example data set: "
+             "choose from mnist, cifar10"),
     "nothing": ([], 'give NAME and DEST: make new-project NAME=my_project DEST=../my_project '
                 '[KEEP="mnist cifar10"] [ENGINE=git+<url>@<tag>]'),
 }  # fmt: skip
@@ -256,13 +256,16 @@ def test_a_commit_git_refuses_is_one_line_and_writes_nothing(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hooks"]
 
 
-@pytest.fixture(scope="module")
-def engine_repo(tmp_path_factory) -> Path:
-    """A local git repository with a tag v1, for ENGINE=git+file://...@v1."""
-    repo = tmp_path_factory.mktemp("engine")
+def tagged_repo(repo: Path) -> Path:
+    """A local git repository with a tag v1 in `repo`, for ENGINE=git+file://localhost<repo>@v1."""
     for command in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "engine"], ["tag", "v1"]):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *command], cwd=repo, check=True)
     return repo
+
+
+@pytest.fixture(scope="module")
+def engine_repo(tmp_path_factory) -> Path:
+    return tagged_repo(tmp_path_factory.mktemp("engine"))
 
 
 #: The fix a refusal names: what to do, after a colon.
