@@ -110,8 +110,13 @@ def check(case: tuple[str, str, str, str], tmp_path: Path, engine_repo: Path, ca
         assert after == before, "a refused case wrote"
         return
     assert code == 0 and err == "", (code, err)
-    where = Path(dest).expanduser()
-    where = where.parent.resolve() / where.name  # DEST's real path: its folders' links resolved
+    made_correctly(name, Path(dest), engine, before, after)
+
+
+def made_correctly(name: str, dest: Path, engine: str, before: dict, after: dict) -> None:
+    """A project at DEST's real path (its folders' links resolved), its pyproject.toml's keys the scaffold's,
+    nothing else written."""
+    where = dest.expanduser().parent.resolve() / dest.expanduser().name
     assert {p: v for p, v in after.items() if not is_under(p, where)} == {
         p: v for p, v in before.items() if not is_under(p, where)
     }, "a write outside DEST"
