@@ -287,7 +287,10 @@ def new_project(name: str, dest: Path, keep: list[str], engine: str) -> Path:
                 "give a new folder (nothing was written)"
             ) from None
     except OSError as err:
-        raise Refused(f"DEST={dest}: {reason(err)} while writing the project (nothing was written)") from None
+        raise Refused(
+            f"DEST={dest}: {reason(err)} while writing the project: give a folder with room "
+            "(nothing was written)"
+        ) from None
     finally:
         shutil.rmtree(building, ignore_errors=True)  # gone once renamed
     return dest

@@ -348,6 +348,7 @@ def test_a_disk_that_fills_while_writing_is_one_line_and_leaves_nothing(
     assert script.main(["acme", str(tmp_path / "acme"), f"--engine={PIN}"]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"error: DEST={tmp_path / 'acme'}: ") and "No space left" in line, line
+    assert FIX.search(line), line
     assert list(tmp_path.iterdir()) == []
 
 
