@@ -622,3 +622,22 @@ class BrokenNet(torch.nn.Module):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         raise KeyError("a bug in the constructor")
+
+
+class NoneStepClassifier(Classifier):
+    """A training_step that returns None (Lightning skips the update): the run goes on to its end."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        super().training_step(batch, batch_idx)
+
+
+class UntestedClassifier(Classifier):
+    """No test_step of its own."""
+
+    test_step = L.LightningModule.test_step
+
+
+class UntestedDigits(DigitsDataModule):
+    """No test loader."""
+
+    test_dataloader = L.LightningDataModule.test_dataloader

@@ -202,3 +202,33 @@ def test_a_compiled_model_under_ddp_cpu_does_not_recompile_in_steady_state(tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "recompile_limit" not in proc.stderr
     assert json.loads((tmp_path / "run" / "speed.json").read_text())["recompiles"] == 0
+
+
+def test_a_training_step_that_returns_none_skips_its_update_and_the_run_goes_on(train_cfg) -> None:
+    """Lightning's meaning of None (no update for that batch); the non-finite guard had raised KeyError."""
+    snap = ["+callbacks.snap._target_=probes.Snapshot", "+callbacks.snap.step=2"]
+    result = train(
+        train_cfg(*TINY, *snap, "model._target_=probes.NoneStepClassifier", "test_after_fit=false")
+    )
+    (taken,) = [cb for cb in result.trainer.callbacks if type(cb).__name__ == "Snapshot"]
+    params = dict(result.model.named_parameters())  # BatchNorm's running statistics move in any forward
+    assert all(torch.equal(taken.before["weights"][k], taken.after["weights"][k]) for k in params)
+
+
+@pytest.mark.parametrize(
+    ("override", "hook"),
+    [
+        ("model._target_=probes.UntestedClassifier", "test_step"),
+        ("data._target_=probes.UntestedDigits", "test_dataloader"),
+    ],
+)
+def test_what_testing_needs_is_checked_before_the_fit_not_after_it(
+    train_cfg, capsys, override: str, hook: str
+) -> None:
+    cfg = train_cfg(*TINY, override)
+    with pytest.raises(SystemExit) as stop:
+        train(cfg)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and hook in line and "test_after_fit=false" in line, line
+    assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()  # refused before the first step
+    assert train(train_cfg(*TINY, override, "test_after_fit=false")).trainer.global_step > 0

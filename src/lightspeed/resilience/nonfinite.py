@@ -43,7 +43,7 @@ class NonFiniteGuard(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs  # {}: a step that returned None
         if self._losses is None or not isinstance(loss, Tensor):
             return
         # Lightning's outputs hold a detached clone of the loss, made for every step anyway: keeping
