@@ -316,8 +316,8 @@ def check_testable(model: L.LightningModule, dm: L.LightningDataModule) -> None:
     for owner, hook, base in hooks:
         if getattr(getattr(owner, hook, None), "__func__", None) is getattr(base, hook):
             raise ConfigError(
-                f"test_after_fit=true tests the best checkpoint after the fit, but {type(owner).__name__} has "
-                f"no {hook}: give it one, or set test_after_fit=false"
+                f"test_after_fit=true tests the best checkpoint after the fit, but {type(owner).__name__} "
+                f"has no {hook}: give it one, or set test_after_fit=false"
             )
 
 
