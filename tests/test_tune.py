@@ -30,14 +30,20 @@ class Machine:
     def __init__(
         self, rates: dict[str, list[float]], seconds: float = 10.0, metric: dict | None = None, **model: bool
     ):
-        self.rates, self.seconds, self.now, self.calls = rates, seconds, 0.0, []
+        self.rates, self.seconds, self.now, self.calls, self.timeouts = rates, seconds, 0.0, [], []
         self.metrics, self.model = metric or {}, model  # `model`: what speed.json says of the model
 
     def clock(self) -> float:
         return self.now
 
-    def measure(self, overrides: list[str], steps: int, warmup: str, folder: Path) -> dict:
+    def measure(
+        self, overrides: list[str], steps: int, warmup: str, folder: Path, timeout: float | None = None
+    ) -> dict:
         self.calls.append((*overrides, folder.name))
+        self.timeouts.append(timeout)
+        if timeout is not None and self.seconds > timeout:  # stopped at its deadline, as run_process does
+            self.now += timeout
+            return {"error": "error: stopped at its deadline", "exit": 3, "timed_out": True}
         self.now += self.seconds
         repeat = int(folder.name.rsplit("-", 1)[1])
         for key in reversed(overrides):
@@ -46,7 +52,7 @@ class Machine:
                 return {"samples_per_s": values[repeat % len(values)], "peak_rss_gib": 1.0, **self.model}
         return {"samples_per_s": [100.0, 104.0, 96.0][repeat % 3], "peak_rss_gib": 1.0, **self.model}
 
-    def check(self, overrides: list[str], folder: Path) -> dict:
+    def check(self, overrides: list[str], folder: Path, timeout: float | None = None) -> dict:
         self.now += self.seconds
         value = next((self.metrics[o] for o in reversed(overrides) if o in self.metrics), 0.95)
         return {"metric": "val/acc", "mode": "max", "value": value}
@@ -98,11 +104,11 @@ def test_only_a_knob_faster_by_more_than_the_spread_is_chosen(tmp_path: Path) ->
     )
     real = machine.measure
 
-    def measure(overrides, steps, warmup, folder):
+    def measure(overrides, steps, warmup, folder, timeout):
         if overrides[-1] == "accel.compile=true":
             machine.now += machine.seconds
             return {"error": "error: accel.compile=true: inductor needs a C++ compiler"}
-        return real(overrides, steps, warmup, folder)
+        return real(overrides, steps, warmup, folder, timeout)
 
     settings = {**SETTINGS, "budget_s": 10_000}
     t = tune.Tuner([], settings, tmp_path, measure=measure, check=machine.check, clock=machine.clock)
@@ -129,7 +135,7 @@ def test_only_a_knob_faster_by_more_than_the_spread_is_chosen(tmp_path: Path) ->
 def test_settings_that_do_not_train_stop_the_tune_at_the_first_run_with_its_line(tmp_path: Path) -> None:
     calls = []
 
-    def measure(overrides, steps, warmup, folder):
+    def measure(overrides, steps, warmup, folder, timeout):
         calls.append(overrides)
         return {"error": "error: data.batch_size=-3 is invalid: use an integer >= 1", "exit": 2}
 
@@ -175,6 +181,68 @@ def test_a_rerun_measures_only_what_it_had_not(tmp_path: Path) -> None:
     machine.calls.clear()
     tuner(machine, tmp_path, budget_s=10_000).tune(tune.knobs(CPU, numerics=False))
     assert machine.calls == []
+
+
+def test_a_failed_measurement_is_not_kept_a_rerun_measures_it_again(tmp_path: Path) -> None:
+    """A train module missing, then installed: the rerun measures, instead of failing with the old line."""
+
+    def missing(overrides, steps, warmup, folder, timeout):
+        return {"error": "error: No module named 'mytrain'", "exit": 1}
+
+    with pytest.raises(tune.BaselineFailed):
+        tune.Tuner([], SETTINGS, tmp_path, measure=missing).tune(tune.knobs(CPU, numerics=False))
+    machine = Machine({})
+    best = tuner(machine, tmp_path, budget_s=10_000).tune(tune.knobs(CPU, numerics=False))
+    assert machine.calls and "data.on_device=false" in best
+
+
+HOSTILE = {
+    "empty": "{}",
+    "a string rate": '{"samples_per_s": "fast"}',
+    "a rate of 1e9": '{"samples_per_s": 1e9}',
+    "a failure saying exit 0": '{"error": "error: all is well", "exit": 0}',
+    "sealed, then edited": None,  # the file tune wrote, its rate changed
+    "torn": '{"seal": "',
+    "a list": "[1, 2]",
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_cached_result_not_as_tune_wrote_it_is_measured_again(tmp_path: Path, case: str) -> None:
+    machine = Machine({})
+    tuner(machine, tmp_path, budget_s=10_000).tune(tune.knobs(CPU, numerics=False))
+    files = sorted(tmp_path.glob("runs/*.json"))
+    for f in files:
+        text = f.read_text()
+        f.write_text(HOSTILE[case] or text.replace('"samples_per_s": ', '"samples_per_s": 9'))
+    machine.calls.clear()
+    again = tuner(machine, tmp_path, budget_s=10_000)
+    again.tune(tune.knobs(CPU, numerics=False))
+    assert len(machine.calls) == len(files)  # each measured again, and nothing believed
+    assert max(r for c in again.rows for r in c.rates) == 104.0
+
+
+def test_each_measurement_has_a_deadline_within_the_budget(tmp_path: Path) -> None:
+    """tune.steps=10**12 with tune.budget_s=30: the first measurement is stopped at 30 s, and the tune ends
+    with nothing measured (main says so in one line); later ones get what the budget leaves."""
+    never = Machine({}, seconds=10**9)
+    t = tuner(never, tmp_path / "never", budget_s=30)
+    t.tune(tune.knobs(CPU, numerics=False))
+    assert never.timeouts == [30] and never.now == 30 and not t.rows and not t.durations
+    machine = Machine({}, seconds=10.0)
+    tuner(machine, tmp_path / "some", budget_s=130, repeats=2).tune(tune.knobs(CPU, numerics=False))
+    assert machine.timeouts[0] == 130 and all(t is not None and t <= 130 - 40 for t in machine.timeouts[1:])
+
+
+def test_a_run_past_its_deadline_is_stopped_with_the_processes_it_started(tmp_path: Path) -> None:
+    """A hung run whose child holds its output open: both are killed at the deadline, not waited for."""
+    from lightspeed.speed import measure as measuring
+
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"  # noqa: E501
+    began = time.monotonic()
+    result = measuring.run_process([sys.executable, "-c", code], tmp_path / "hung", timeout=1)
+    assert result["timed_out"] and time.monotonic() - began < 15
+    assert (tmp_path / "hung.log").exists()
 
 
 @pytest.mark.parametrize(("bf16_acc", "kept"), [(0.949, True), (0.90, False)])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import sys
 import tempfile
@@ -241,8 +242,8 @@ class Tuner:
         user: list[str],
         settings: dict[str, Any],
         out: Path,
-        measure: Callable[[list[str], int, str, Path], dict] = measuring.measure,
-        check: Callable[[list[str], Path], dict] | None = None,
+        measure: Callable[[list[str], int, str, Path, float], dict] = measuring.measure,
+        check: Callable[[list[str], Path, float], dict] | None = None,
         clock: Callable[[], float] = time.monotonic,
         progress: Progress | None = None,
     ) -> None:
@@ -253,29 +254,42 @@ class Tuner:
         self.task = progress.add_task("tune", total=0) if progress else None
         self.rows: list[Choice] = []
         self.unmeasured: list[str] = []
-        self.final_reserved = True
+        self.final = False  # the final comparison: its share of the budget was kept aside
 
-    def _cached(self, key: list[Any], name: str, run: Callable[[Path], dict]) -> dict:
-        """The result of `run(folder)`, from its file when an earlier tune got it."""
+    def _cached(self, key: list[Any], name: str, run: Callable[[Path, float], dict], valid: Callable) -> dict:
+        """The result of `run(folder, deadline)`, from its file when an earlier tune got it. Only a result is
+        kept, sealed with its key: a file tune did not write whole (edited, torn, of another shape) is
+        measured again, and a failure is not kept, so that a rerun tries it again."""
         digest = hashlib.sha256(json.dumps([self.user, key]).encode()).hexdigest()[:10]
         folder = self.out / "runs" / f"{digest}-{name}"
         done = folder.with_suffix(".json")
-        if isinstance(found := read_json(done), dict):
-            return found
-        estimate = sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
-        reserve = 2 * int(self.settings["repeats"]) * estimate if self.final_reserved else 0.0
-        if (
-            self.durations
-            and self.clock() - self.start + estimate > float(self.settings["budget_s"]) - reserve
-        ):
-            raise OutOfBudget
+        found = read_json(done, within=self.out)
+        if isinstance(found, dict) and found.get("seal") == _seal(key, found.get("result")):
+            return found["result"]
         began = self.clock()
-        result = run(folder)
+        result = run(folder, self._deadline())
+        if result.get("timed_out") and not self.final:
+            raise OutOfBudget
         self.durations.append(self.clock() - began)
-        write_text_atomically(
-            done, json.dumps(result, indent=2, default=str) + "\n"
-        )  # a killed run is measured again
+        if "error" in result or not valid(result):
+            return {"exit": 3, **result, "error": result.get("error") or f"error: {folder} gave no result"}
+        result = json.loads(json.dumps(result, default=str))  # as read back: what the seal is of
+        sealed = {"seal": _seal(key, result), "result": result}
+        write_text_atomically(done, json.dumps(sealed, indent=2) + "\n")
         return result
+
+    def _deadline(self) -> float:
+        """The seconds the next run may take: what tune.budget_s leaves, less the final comparison's share
+        (OutOfBudget where a typical run would not fit); the final comparison's own runs: at least 3 typical
+        runs' time, so that a hung one ends."""
+        estimate = sorted(self.durations)[len(self.durations) // 2] if self.durations else 0.0
+        left = float(self.settings["budget_s"]) - (self.clock() - self.start)
+        if self.final:
+            return max(left, 3 * estimate)
+        left -= 2 * int(self.settings["repeats"]) * estimate
+        if self.durations and estimate > left:
+            raise OutOfBudget
+        return left
 
     def measure(self, choices: list[Choice], extra: str = "") -> None:
         """Each choice `tune.repeats` times, in rounds (a drifting machine affects every choice alike)."""
@@ -288,8 +302,8 @@ class Tuner:
                     self.progress.update(
                         self.task, description=f"{c.knob} = {c.label} ({repeat + 1}/{repeats})"
                     )
-                run = lambda f, c=c: self._measure([*self.user, *c.overrides], steps, "auto", f)  # noqa: E731
-                c.runs.append(self._cached([c.overrides, steps, extra], str(repeat), run))
+                run = lambda f, t, c=c: self._measure([*self.user, *c.overrides], steps, "auto", f, t)  # noqa: E731
+                c.runs.append(self._cached([c.overrides, steps, extra], str(repeat), run, _measured))
                 if c.error and not self.rows and c is choices[0] and not extra:
                     raise BaselineFailed(c.runs[-1])
                 if self.progress is not None:
@@ -298,8 +312,8 @@ class Tuner:
     def metric(self, overrides: list[str]) -> dict:
         """A short training's monitored validation metric, cached as the measurements are."""
         epochs = f"trainer.max_epochs={self.settings['check_epochs']}"
-        run = lambda f: self._check([*self.user, *overrides, epochs], f)  # noqa: E731
-        return self._cached([overrides, epochs], "check", run)
+        run = lambda f, t: self._check([*self.user, *overrides, epochs], f, t)  # noqa: E731
+        return self._cached([overrides, epochs], "check", run, _checked)
 
     # radon C: the knobs' conditions and the budget's end are both decided here
     def tune(self, all_knobs: list[Knob]) -> list[str]:
@@ -351,21 +365,36 @@ class Tuner:
         """`accel=tuned` (the file as written: its text is in the results' key) against `accel=default`."""
         default = Choice("final", "accel=default", ["accel=default"])
         tuned = Choice("final", f"accel={TUNED}", [f"accel={TUNED}"])
-        self.final_reserved = False
-        self.settings = {
-            **self.settings,
-            "budget_s": float("inf"),
-        }  # its share was kept aside: it always runs
+        self.final = True
         self.measure([default, tuned], extra=tuned_text)
         return default, tuned
 
 
-def check_metric(overrides: list[str], folder: Path) -> dict:
+def _seal(key: list[Any], result: Any) -> str:
+    return hashlib.sha256(json.dumps([key, result], sort_keys=True).encode()).hexdigest()
+
+
+def _measured(result: dict) -> bool:
+    """A measurement's shape: samples/s, a number above 0 (speed.json's is None without a timed step)."""
+    rate = result.get("samples_per_s")
+    return is_number(rate) and 0 < rate < float("inf")
+
+
+def _checked(result: dict) -> bool:
+    """A results check's shape, as check_metric returns it."""
+    value = result.get("value")
+    mode, metric = result.get("mode"), result.get("metric")
+    return mode in ("min", "max") and isinstance(metric, str) and is_number(value) and math.isfinite(value)
+
+
+def check_metric(overrides: list[str], folder: Path, timeout: float | None = None) -> dict:
     """A short training's monitored metric at its best checkpoint (summary.json), or {"error": its line}."""
     cmd = [*measuring.train_command(), *overrides, *CHECK_RUN, f"hydra.run.dir={folder}"]
-    if error := measuring.run_process(cmd, folder):
+    if error := measuring.run_process(cmd, folder, timeout):
         return error
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = read_json(folder / "summary.json", within=folder)
+    if not isinstance(summary, dict):
+        return {"error": f"error: the check run wrote no summary.json: see {folder}.log", "exit": 3}
     found = re.fullmatch(r"(\S+) \((min|max)\)", summary.get("monitor") or "")
     metrics = summary.get("metrics", {})
     value = metrics.get(f"{found[1]}@best", metrics.get(found[1])) if found else None
@@ -542,12 +571,12 @@ def main(argv: list[str] | None = None) -> int:
             best = tuner.tune(all_knobs)
         except BaselineFailed as failed:  # the run's own line, which names the setting
             print(f"error: {failed.args[0]['error'].removeprefix('error: ')}", file=sys.stderr)
-            return int(failed.args[0].get("exit", 3))
+            return _exit_code(failed.args[0].get("exit"))
         if not tuner.rows:
-            each = f"{tuner.durations[0]:.0f} s" if tuner.durations else "?"
+            each = f"a measurement takes {tuner.durations[0]:.0f} s" if tuner.durations else "none ended"
             print(
-                f"error: tune.budget_s={settings['budget_s']} was spent before one knob was measured (a "
-                f"measurement takes {each} here): give it more, or fewer tune.steps",
+                f"error: tune.budget_s={settings['budget_s']} was spent before one knob was measured ({each} "
+                "here): give it more, or fewer tune.steps",
                 file=sys.stderr,
             )
             return 2
@@ -567,6 +596,11 @@ def _refused(user: list[str]) -> int:
         file=sys.stderr,
     )
     return 2
+
+
+def _exit_code(code: Any) -> int:
+    """The run's own exit code (2: a setting it refused), or 3 where it had none of its own (a signal's)."""
+    return code if is_int(code) and 0 < code < 128 else 3
 
 
 def _words(user: list[str]) -> list[str]:
