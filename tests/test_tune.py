@@ -279,6 +279,8 @@ def test_the_results_check_reads_the_monitored_metric_of_a_real_short_training(t
     ("arg", "said"),
     [
         ("tune.budget_s=-1", "tune.budget_s='-1' is invalid: use seconds > 0"),
+        ("tune.budget_s=.inf", "tune.budget_s='.inf' is invalid: use seconds > 0"),
+        ("--cfg", "--cfg: make tune takes overrides and tune.<key>=<value>, no flags"),
         ("tune.repeats=1", "tune.repeats='1' is invalid: use an integer >= 2"),
         ("tune.numerics=yes please", "tune.numerics='yes please' is invalid: use true or false"),
         (
@@ -360,3 +362,70 @@ def test_a_measured_run_and_a_results_check_run_the_train_module_lightspeed_trai
     assert tune.check_metric(["model=mlp", "accel.threads=1"], tmp_path / "c") == said
     monkeypatch.delenv("LIGHTSPEED_TRAIN")
     assert measuring.train_command() == [sys.executable, "-m", "lightspeed.train"]
+
+
+def test_help_is_the_usage_not_a_run(capsys) -> None:
+    assert tune.main(["--help"]) == 0 and "lightspeed tune [tune.budget_s=300]" in capsys.readouterr().out
+
+
+FAKE_TRAIN = """
+import json, os, sys
+from pathlib import Path
+args = dict(a.lstrip("+").split("=", 1) for a in sys.argv[1:] if "=" in a)
+run = Path(args["hydra.run.dir"])
+run.mkdir(parents=True, exist_ok=True)
+fast = args.get("data.on_device") == "true" or args.get("accel") == "tuned"
+speed = {"samples_per_s": 200.0 if fast else 100.0, "peak_rss_gib": 1.0, "has_4d_weights": False}
+(run / "speed.json").write_text(os.environ.get("FAKE_SPEED") or json.dumps(speed))
+(run / "summary.json").write_text(json.dumps({"metrics": {"train/loss": 0.5}}))
+with open(Path(os.environ["FAKE_RUNS"]), "a") as runs:
+    runs.write(run.name + "\\n")
+"""
+
+
+class Project:
+    """A project to tune in, without training: a copy of conf/, and a train module that writes a speed.json
+    in a blink (200 samples/s with the data on the device, else 100) and counts its runs."""
+
+    def __init__(self, root: Path, monkeypatch) -> None:
+        self.root, self.runs = root, root / "runs.txt"
+        shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("tuned.yaml"))
+        (root / "faketrain.py").write_text(FAKE_TRAIN)
+        monkeypatch.setenv("PYTHONPATH", f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        monkeypatch.setenv("LIGHTSPEED_TRAIN", "faketrain")
+        monkeypatch.setenv("FAKE_RUNS", str(self.runs))
+        monkeypatch.setattr(tune, "CONF_DIR", root / "conf")
+        monkeypatch.setattr(tune, "write_chart", lambda *args: None)  # matplotlib: seconds to import
+        monkeypatch.chdir(root)
+        self.tuned = root / "conf" / "accel" / "tuned.yaml"
+
+    def tune(self, *args: str) -> int:
+        self.runs.write_text("")
+        return tune.main(["tune.repeats=2", "tune.steps=10", *args])
+
+    @property
+    def measured(self) -> int:
+        return len(self.runs.read_text().splitlines())
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch) -> Project:
+    return Project(tmp_path, monkeypatch)
+
+
+def test_a_rerun_with_its_results_cached_measures_nothing_and_writes_the_same_file(
+    fake: Project, monkeypatch
+) -> None:
+    """The same tune again, a day later: every result read back, tuned.yaml unchanged to the byte."""
+    assert fake.tune() == 0 and fake.measured > 0
+    first = fake.tuned.read_bytes()
+    assert b"data:\n  on_device: true" in first
+    monkeypatch.setattr(tune.time, "strftime", lambda *args: "2099-01-01")
+    assert fake.tune() == 0 and fake.measured == 0
+    assert fake.tuned.read_bytes() == first
+
+
+def test_tune_writes_under_paths_log_dir(fake: Project, tmp_path: Path) -> None:
+    """Where `make train` with the same overrides writes: paths.log_dir (./logs unless set)."""
+    assert fake.tune(f"paths.log_dir={tmp_path / 'elsewhere'}") == 0
+    assert list((tmp_path / "elsewhere" / "tune").glob("*/tune.json")) and not (tmp_path / "logs").exists()

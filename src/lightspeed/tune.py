@@ -13,9 +13,11 @@ only with `tune.numerics=true`, and kept only if a short training (`tune.check_e
 the baseline's monitored validation metric within `tune.tolerance` (relative). At the end the tuned option
 is measured against `accel=default` side by side; when it is not faster, tuned.yaml keeps default.
 
-Everything lands in logs/tune/<overrides>-<hash>/: each measurement's folder, log and result, tune.json,
-tune.md, tune.png. The same command again reuses every result already there, so a killed tune measures
-only what it had not. docs/performance.md says what it measures and why.
+Everything lands in <paths.log_dir>/tune/<overrides>-<hash>/ (logs/tune/...): each measurement's folder,
+log and result, tune.json, tune.md, tune.png. The same command again reuses every result already there, so a
+killed tune measures only what it had not, and one that finished measures nothing and writes the same
+tuned.yaml. A failure is not kept (the rerun tries it again); each measurement ends at its deadline, within
+tune.budget_s. docs/performance.md says what it measures and why.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from lightspeed.speed import measure as measuring
 
 #: tune.<key>: (default, check, what the check takes)
 SETTINGS: dict[str, tuple[Any, Callable[[Any], bool], str]] = {
-    "budget_s": (300, lambda v: is_number(v) and v > 0, "seconds > 0"),
+    "budget_s": (300, lambda v: is_number(v) and 0 < v <= 7 * 86400, "seconds > 0, at most a week (604800)"),
     "numerics": (False, lambda v: isinstance(v, bool), "true or false"),
     "repeats": (3, lambda v: is_int(v) and v >= 2, "an integer >= 2"),
     "steps": (100, lambda v: is_int(v) and v >= 10, "an integer >= 10"),
@@ -273,7 +275,7 @@ class Tuner:
         self.durations.append(self.clock() - began)
         if "error" in result or not valid(result):
             return {"exit": 3, **result, "error": result.get("error") or f"error: {folder} gave no result"}
-        result = json.loads(json.dumps(result, default=str))  # as read back: what the seal is of
+        result = json.loads(json.dumps({**result, "measured_on": time.strftime("%Y-%m-%d")}, default=str))
         sealed = {"seal": _seal(key, result), "result": result}
         write_text_atomically(done, json.dumps(sealed, indent=2) + "\n")
         return result
@@ -361,12 +363,13 @@ class Tuner:
         self.rows += choices
         return next((label, values) for label, values in knob.choices if label == winner.label)
 
-    def compare(self, tuned_text: str) -> tuple[Choice, Choice]:
-        """`accel=tuned` (the file as written: its text is in the results' key) against `accel=default`."""
+    def compare(self, best: list[str]) -> tuple[Choice, Choice]:
+        """`accel=tuned` (tuned.yaml as written with `best`: they are in the results' key) against
+        `accel=default`."""
         default = Choice("final", "accel=default", ["accel=default"])
         tuned = Choice("final", f"accel={TUNED}", [f"accel={TUNED}"])
         self.final = True
-        self.measure([default, tuned], extra=tuned_text)
+        self.measure([default, tuned], extra=json.dumps(best))
         return default, tuned
 
 
@@ -432,6 +435,13 @@ def tuned_yaml(overrides: list[str], header: list[str]) -> str:
     return "\n".join(lines) + values
 
 
+def _title(user: list[str], rows: list[Choice], found: dict[str, Any]) -> str:
+    """When its results were measured (the latest, so that a rerun that measures nothing says the same)."""
+    dates = [str(r["measured_on"]) for c in rows for r in c.runs if "measured_on" in r]
+    when = f"{max(dates, default='-')}, {found['device']}, torch {torch.__version__}"
+    return f"`make tune` {when}, for: {' '.join(user) or '(the default)'}"
+
+
 def write_chart(rows: list[Choice], title: str, path: Path) -> None:
     if (plt := figures.pyplot(path, print)) is None:
         return
@@ -453,6 +463,8 @@ def parse(argv: list[str]) -> tuple[dict[str, Any], list[str]] | str:
     settings = {key: default for key, (default, _, _) in SETTINGS.items()}
     user = []
     for arg in argv:
+        if arg.startswith("-"):  # Hydra's flags would make a measured run print and end, not train
+            return f"{arg}: make tune takes overrides and tune.<key>=<value>, no flags (see its --help)"
         if not arg.startswith("tune."):
             user.append(arg)
             continue
@@ -470,13 +482,17 @@ def parse(argv: list[str]) -> tuple[dict[str, Any], list[str]] | str:
     return settings, user
 
 
-def facts(user: list[str]) -> dict[str, Any]:
-    """What the knobs depend on, from the config the runs compose: the device, the batch, the precision."""
-    from lightspeed.run.entry import compose_config
+def facts(user: list[str]) -> tuple[dict[str, Any], Path]:
+    """What the knobs depend on, from the config the runs compose: the device, the batch, the precision; and
+    its paths.log_dir, as `make train` with these overrides would write there (from the conf/ files too)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
     from lightspeed.speed import accel
 
-    with tempfile.TemporaryDirectory(prefix="lightspeed-tune-") as scratch:
-        cfg = compose_config("train", user, Path(scratch))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=user)
     device = accel.device_type(cfg)
     precision = str(cfg.trainer.precision)
     return {
@@ -486,21 +502,20 @@ def facts(user: list[str]) -> dict[str, Any]:
         "batch": int(cfg.data.batch_size),
         "accumulate": int(cfg.trainer.get("accumulate_grad_batches") or 1),
         "precision": accel.auto_precision(device) if precision == "auto" else precision,
-    }
+    }, Path(str(cfg.paths.log_dir))
 
 
 # radon C: writes each of the five outputs from the same rows; a line each
 def report(tuner: Tuner, best: list[str], found: dict[str, Any], console: Console) -> Path:
     """tuned.yaml (best, or default when best is not faster), tune.md, tune.json, tune.png and the table."""
-    when = f"{time.strftime('%Y-%m-%d')}, {found['device']}, torch {torch.__version__}"
-    title = f"`make tune` {when}, for: {' '.join(tuner.user) or '(the default)'}"
     notes = [f"not measured (tune.budget_s spent): {', '.join(tuner.unmeasured)}"] if tuner.unmeasured else []
     target = CONF_DIR / "accel" / f"{TUNED}.yaml"
     pending = "not yet measured against accel=default: make tune was stopped before; run it again to finish"
+    title = _title(tuner.user, tuner.rows, found)
     write_text_atomically(
         target, tuned_yaml(best, [title, "", *table_lines(tuner.rows), *notes, "", pending])
     )
-    default, tuned = tuner.compare(target.read_text())
+    default, tuned = tuner.compare(best)
     faster = bool(tuned.rates and default.rates and tuned.rates[0] > default.rates[-1])
     verdict = f"accel={TUNED} against accel=default: {tuned.spread} against {default.spread} samples/s" + (
         f" ({tuned.median / default.median:.2f}x)" if default.median else ""
@@ -511,6 +526,7 @@ def report(tuner: Tuner, best: list[str], found: dict[str, Any], console: Consol
     tuned.chosen, default.chosen = faster, not faster
     tuned.reason = "faster than accel=default by more than the spread" if faster else "not faster: not kept"
     rows = [*tuner.rows, default, tuned]
+    title = _title(tuner.user, rows, found)
     write_text_atomically(
         target, tuned_yaml(best if faster else [], [title, "", *table_lines(rows), *notes, "", verdict])
     )
@@ -540,14 +556,29 @@ def report(tuner: Tuner, best: list[str], found: dict[str, Any], console: Consol
 
 
 def main(argv: list[str] | None = None) -> int:
-    parsed = parse(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        return 0
+    parsed = parse(args)
     if isinstance(parsed, str):
         print(f"error: {parsed}", file=sys.stderr)
         return 2
-    settings, user = parsed
+    try:
+        return tune_here(*parsed)
+    except OSError as err:  # a folder or a file where tune writes one, a full disk, a folder it may not write
+        print(
+            f"error: make tune cannot write {err.filename} ({err.strerror}): move it, or set paths.log_dir",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def tune_here(settings: dict[str, Any], user: list[str]) -> int:
+    """Tune into <paths.log_dir>/tune/<overrides>-<hash>/, and report: 0, or the exit code of its one line."""
     console = Console(width=None if sys.stdout.isatty() else 160)
     try:
-        found = facts(user)
+        found, log_dir = facts(user)
     except Exception:  # the run itself says what is wrong with the overrides, in the engine's one line
         return _refused(user)
     # the folder is the measurements' identity: what they depend on (not the budget, repeats or checks),
@@ -557,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             [user, settings["steps"], found, torch.__version__, measuring.train_command()[-1]]
         ).encode()
     ).hexdigest()[:8]
-    out = Path("logs") / "tune" / f"{'_'.join(_words(user)) or 'default'}-{tag}"
+    out = log_dir / "tune" / f"{'_'.join(_words(user)) or 'default'}-{tag}"
     all_knobs = knobs(found, bool(settings["numerics"]))
     console.print(
         f"tune: {found['device']}, torch {torch.__version__}; {len(all_knobs)} knobs, each choice "
