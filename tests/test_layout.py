@@ -122,6 +122,7 @@ OPTIONAL = (
     "lightspeed.data.stats",  # uint8 images' and regression targets' statistics
     "lightspeed.data.augment",  # only where data.augment asks for some
     "lightspeed.data.synthetic",  # the data sets a default run does not use
+    "lightspeed.run.tuned_file",  # conf/accel/tuned.yaml checked: only for accel=tuned
     "optuna",
     "torch.distributed.checkpoint",
 )

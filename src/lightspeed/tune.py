@@ -46,6 +46,7 @@ from lightspeed.core import device as device_facts
 from lightspeed.core.files import read_json, write_text_atomically
 from lightspeed.core.schema import is_int, is_number
 from lightspeed.report import figures
+from lightspeed.run import tuned_file
 from lightspeed.speed import measure as measuring
 
 #: tune.<key>: (default, check, what the check takes)
@@ -426,13 +427,13 @@ def tuned_yaml(overrides: list[str], header: list[str]) -> str:
     """The accel option: `default` with every tuned knob set explicitly; its header is what was measured."""
     values = OmegaConf.to_yaml(OmegaConf.from_dotlist(overrides)) if overrides else ""
     lines = [
-        "# @package _global_",
+        tuned_file.HEAD.rstrip("\n"),
         *(f"# {line}".rstrip() for line in header),
         "defaults:",
         "  - default",
         "",
     ]
-    return "\n".join(lines) + values
+    return "\n".join(lines) + values + tuned_file.END
 
 
 def _title(user: list[str], rows: list[Choice], found: dict[str, Any]) -> str:

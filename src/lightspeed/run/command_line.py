@@ -15,10 +15,15 @@ from omegaconf import OmegaConf
 
 from lightspeed import CONF_DIR, CONF_DIRS
 from lightspeed.core.config import ConfigError, known_groups
+from lightspeed.core.files import RefusedFile, read_regular
 
 
 def check_command_line(args: list[str], config_name: str) -> None:
     """Each check below, in one line naming the setting and the fix."""
+    if any(re.fullmatch(r"\+*accel=.*\btuned\b.*", arg) for arg in args):  # a file make tune wrote
+        from lightspeed.run.tuned_file import check_tuned
+
+        check_tuned()
     check_yaml_sizes([*CONF_DIRS, *config_dirs(args)], args)
     check_flags(args)
     check_optional_choices(args, config_name)
@@ -109,9 +114,9 @@ def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,), named: Sequence[str]
 
     for path in yaml_files(folders, named):
         try:
-            root = yaml.compose(path.read_text())
+            root = yaml.compose(read_regular(path).decode())  # a FIFO: refused, not waited on
             n = _expanded(root, {}) if root is not None else 0
-        except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        except (yaml.YAMLError, OSError, UnicodeDecodeError, RefusedFile):
             continue  # Hydra's own error says what is wrong with it
         except RecursionError:
             raise ConfigError(f"{path} is nested too deeply to read: flatten it") from None
