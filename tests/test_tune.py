@@ -429,3 +429,30 @@ def test_tune_writes_under_paths_log_dir(fake: Project, tmp_path: Path) -> None:
     """Where `make train` with the same overrides writes: paths.log_dir (./logs unless set)."""
     assert fake.tune(f"paths.log_dir={tmp_path / 'elsewhere'}") == 0
     assert list((tmp_path / "elsewhere" / "tune").glob("*/tune.json")) and not (tmp_path / "logs").exists()
+
+
+def test_a_measurement_does_not_outlive_a_tune_ended_by_sigterm(tmp_path: Path) -> None:
+    """The measured run is in a process group of its own (killed whole at its deadline): SIGTERM to tune,
+    as a job's time limit sends, ends it too."""
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent = (
+        "import sys; from pathlib import Path; from lightspeed.speed.measure import run_process; "
+        f"run_process([sys.executable, '-c', {child!r}], Path({str(tmp_path / 'run')!r}))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    pid = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the measured process outlived tune")

@@ -62,6 +62,7 @@ def run_process(cmd: list[str], run_dir: Path, timeout: float | None = None) -> 
     It runs in a process group of its own, killed whole as this call ends: its loader workers and compile
     workers too, which would otherwise hold its output open (or run on) past a deadline or a Ctrl-C."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ended = signal.signal(signal.SIGTERM, _terminated)  # SIGTERM too ends it through `finally` below
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)  # fmt: skip
     timed_out = False
@@ -72,8 +73,9 @@ def run_process(cmd: list[str], run_dir: Path, timeout: float | None = None) -> 
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
     finally:
-        if proc.poll() is None:  # Ctrl-C, or any error here: not an orphan left running
+        if proc.poll() is None:  # Ctrl-C, SIGTERM, or any error here: not an orphan left running
             os.killpg(proc.pid, signal.SIGKILL)
+        signal.signal(signal.SIGTERM, ended)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir.parent / f"{run_dir.name}.log").write_text(out + err)
     if timed_out:
@@ -81,3 +83,7 @@ def run_process(cmd: list[str], run_dir: Path, timeout: float | None = None) -> 
     if proc.returncode != 0:
         return {"error": (err.strip().splitlines() or ["no output"])[-1], "exit": proc.returncode}
     return {}
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
