@@ -43,6 +43,7 @@ from rich.table import Table
 
 from lightspeed import CONF_DIR
 from lightspeed.core import device as device_facts
+from lightspeed.core.boundary import bounded
 from lightspeed.core.files import read_json, write_text_atomically
 from lightspeed.core.schema import is_int, is_number
 from lightspeed.report import figures
@@ -556,6 +557,7 @@ def report(tuner: Tuner, best: list[str], found: dict[str, Any], console: Consol
     return target
 
 
+@bounded("tune")
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if "-h" in args or "--help" in args:
