@@ -44,3 +44,13 @@ def test_a_file_too_large_a_link_out_or_a_loop_is_refused(tmp_path: Path) -> Non
     for bad in ("loop.json", "missing.json"):
         with pytest.raises(RefusedFile, match="cannot be read"):
             read_regular(run / bad, within=run)
+
+
+def test_a_fifo_among_the_yaml_files_hydra_may_read_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    from lightspeed.core.config import ConfigError
+    from lightspeed.run.command_line import check_yaml_sizes
+
+    (tmp_path / "mygroup").mkdir()
+    os.mkfifo(tmp_path / "mygroup" / "x.yaml")  # conf/local/default.yaml as a FIFO hung every run
+    with pytest.raises(ConfigError, match=r"x\.yaml is not a regular file"):
+        check_yaml_sizes([tmp_path], ["+mygroup=x"])

@@ -116,7 +116,11 @@ def check_yaml_sizes(folders: Sequence[Path] = (CONF_DIR,), named: Sequence[str]
         try:
             root = yaml.compose(read_regular(path).decode())  # a FIFO: refused, not waited on
             n = _expanded(root, {}) if root is not None else 0
-        except (yaml.YAMLError, OSError, UnicodeDecodeError, RefusedFile):
+        except RefusedFile:
+            if path.exists() and not path.is_file():  # a FIFO or a device: Hydra would wait on it
+                raise ConfigError(f"{path} is not a regular file: replace it with a yaml file") from None
+            continue
+        except (yaml.YAMLError, OSError, UnicodeDecodeError):
             continue  # Hydra's own error says what is wrong with it
         except RecursionError:
             raise ConfigError(f"{path} is nested too deeply to read: flatten it") from None
