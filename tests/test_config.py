@@ -316,3 +316,14 @@ def test_a_reference_that_cannot_resolve_or_a_node_of_another_shape_is_one_line(
     """Each named for what it is (a second reading found the first said "another shape" for both)."""
     with pytest.raises(ConfigError, match=said):
         validate_train(train_cfg(*overrides))
+
+
+def test_the_shipped_models_rules_apply_to_the_shipped_models_only(train_cfg) -> None:
+    """`model.net.dropout` in [0, 1) is the shipped nets' rule; a module of the user's own may mean
+    another thing by it (a dropout per layer), and its constructor's annotations are what is checked."""
+    from lightspeed.core.config import ConfigError, validate_train
+
+    per_layer = ["model.net.dropout=[0.1,0.5]", "model.optimizer.lr=0"]
+    with pytest.raises(ConfigError, match=r"model\.net\.dropout"):
+        validate_train(train_cfg(*per_layer))
+    validate_train(train_cfg("model._target_=probes.UntestedClassifier", *per_layer))
