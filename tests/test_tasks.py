@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from conftest import TINY
 from lightspeed.core.config import ConfigError
 from lightspeed.eval import run as evaluate
-from lightspeed.resilience.identity import MODEL_CONFIG_KEY
+from lightspeed.resilience.identity import DATA_CONFIG_KEY, MODEL_CONFIG_KEY
 from lightspeed.run.restore import _repository_class, user_packages
 from lightspeed.train import train
 
@@ -218,6 +218,13 @@ def test_a_checkpoint_cannot_name_code_to_run_as_its_model_or_its_net(
         ("hparams", "this.Nothing", "names model.net._target_=this.Nothing, a class"),
         ("module_arguments", "this.Nothing", "names model.net._target_=this.Nothing, a class"),
         ("node", "os.system", "crafted.ckpt names model.net._target_=os.system, a class that no yaml"),
+        # conf/ names these loggers, but for no model or data node: an MLflow store appeared outside the run
+        ("net", "lightning.pytorch.loggers.CSVLogger", "names model.net._target_=lightning.pytorch.loggers."),
+        (
+            "data",
+            "lightning.pytorch.loggers.MLFlowLogger",
+            "data config names data.logger._target_=lightning.",
+        ),
     ):
         crafted = {**stored, "identity": json.loads(json.dumps(stored["identity"]))}
         crafted["hyper_parameters"] = json.loads(json.dumps(stored["hyper_parameters"]))
@@ -228,12 +235,16 @@ def test_a_checkpoint_cannot_name_code_to_run_as_its_model_or_its_net(
             crafted["hyper_parameters"]["net"] = {"_target_": target}
         elif where == "node":
             crafted[MODEL_CONFIG_KEY] = {**stored[MODEL_CONFIG_KEY], "net": {"_target_": target}}
+        elif where == "data":
+            store = {"_target_": target, "tracking_uri": f"sqlite:///{tmp_path / 'store.db'}"}
+            crafted[DATA_CONFIG_KEY] = {**stored[DATA_CONFIG_KEY], "logger": store}
         else:  # Lightning's older names for the hyperparameters, which it merges in when it loads
             crafted[where] = {"net": {"_target_": target}}
         torch.save(crafted, tmp_path / "crafted.ckpt")
         with pytest.raises(SystemExit) as stop:
             evaluate(eval_cfg(f"ckpt_path={tmp_path / 'crafted.ckpt'}"))
         assert stop.value.code == 2 and said in one_line(capsys)
+        assert not (tmp_path / "store.db").exists()  # refused before anything was built
 
 
 def test_a_mode_the_metric_s_name_contradicts_is_refused_unless_asserted(train_cfg, capsys) -> None:

@@ -26,18 +26,25 @@ from lightspeed.run import build
 # checkpoint from elsewhere) never chooses what code runs: it may name only a class that conf/ names.
 
 
-def conf_targets() -> frozenset[str]:
+def conf_targets(group: str | None = None) -> frozenset[str]:
     """Every class named by `_target_` in the project's `conf/` or the engine's groups (exact names, block or
-    flow style): what data (a checkpoint) may name beside the repository's own models and data sets."""
+    flow style): what data (a checkpoint) may name beside the repository's own models and data sets. With
+    `group`, only what conf/ names for that node (its option files, and its node in others: an experiment's
+    `data:`): a checkpoint's data config may not name a logger that conf/logger names."""
     import yaml
 
     found: set[str] = set()
-    for path in (p for d in CONF_DIRS for p in d.rglob("*.yaml")):
+    for folder, path in ((d, p) for d in CONF_DIRS for p in d.rglob("*.yaml")):
         try:
             tree = yaml.safe_load(path.read_text())
         except yaml.YAMLError:
             continue
-        found |= {t for _, t in _targets(tree, "") if isinstance(t, str) and not t.startswith("${")}
+        inside = group is None or path.relative_to(folder).parts[0] == group
+        found |= {
+            t
+            for key, t in _targets(tree, "")
+            if isinstance(t, str) and not t.startswith("${") and (inside or f"{key}.".startswith(f"{group}."))
+        }
     return frozenset(found)
 
 
@@ -67,18 +74,19 @@ def _repository_class(target: str, prefixes: tuple[str, ...]) -> bool:
     )
 
 
-def check_data_targets(node: Any, where: str, command_line: str = "") -> None:
-    """Refuse, in one line, a `_target_` in data (`where`: a checkpoint's config or hyperparameters) that no
-    conf/ yaml names, nor the `command_line` of the run that wrote it, and that is no model, net or data set
-    of the repository's own `models/` and `data/`."""
-    known = conf_targets() | set(re.findall(r"_target_['\"]?\s*[=:]\s*['\"]?([\w.]+)", command_line))
+def check_data_targets(node: dict[str, Any], where: str, command_line: str = "") -> None:
+    """Refuse, in one line, a `_target_` in data (`where`: a checkpoint's config or hyperparameters; `node`:
+    {"model" or "data": its node}) that no conf/ yaml names for that node, nor the `command_line` of the run
+    that wrote it, and that is no model, net or data set of the repository's own `models/` and `data/`."""
+    group = next(iter(node))
+    known = conf_targets(group) | set(re.findall(r"_target_['\"]?\s*[=:]\s*['\"]?([\w.]+)", command_line))
     prefixes = user_packages(known)
     for key, target in _targets(plain(node), ""):
         if not isinstance(target, str) or not (target in known or _repository_class(target, prefixes)):
             raise ConfigError(
-                f"{where} names {key}._target_={target}, a class that no yaml file of conf/ names: data "
-                "cannot choose what code runs; name it in conf/ (a conf/model/ or conf/data/ option), or on "
-                "the command line (module=...), if you trust it"
+                f"{where} names {key}._target_={target}, a class that no yaml file of conf/ names for "
+                f"{group}: data cannot choose what code runs; name it in conf/ (a conf/model/ or conf/data/ "
+                "option), or on the command line (module=...), if you trust it"
             )
 
 
