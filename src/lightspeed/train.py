@@ -272,7 +272,7 @@ class Run:
             exit_on_config_error(),
             exit_on_failure(self.cfg, trainer),
             stop_other_ranks_on_failure(trainer),
-            phase("test"),
+            phase("test after the fit (its checkpoints are kept: make eval tests them again)"),
         ):
             results = trainer.test(model, datamodule=dm, ckpt_path="best" if best else None, verbose=False)
         return {k: float(v) for k, v in (results[0] if results else {}).items()}
