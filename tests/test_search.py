@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -114,10 +115,10 @@ def test_trials_that_fail_in_their_run_count_and_the_search_ends(tmp_path: Path)
         cwd=tmp_path,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stderr[-3000:]  # every trial refused a setting: so is the search
     found = json.loads((tmp_path / "train" / "runs" / "search" / SEARCH_FILE).read_text())
     assert [(t["state"], t["failed"]) for t in found["trials"]] == [("FAIL", "exit 2")] * 2
-    assert "no trial finished with a score" in proc.stdout
+    assert "error: hparams_search: every trial failed" in proc.stderr
 
 
 def _search_cfg(folder: Path, *overrides: str):
@@ -201,7 +202,9 @@ def test_failed_trials_count_toward_n_trials_in_process(tmp_path: Path) -> None:
         assert len(calls) <= 10, "the search did not count its failed trials"
         raise SystemExit(2 if len(calls) % 2 else 3)
 
-    assert search.run(_search_cfg(tmp_path), fails) is None
+    with pytest.raises(SystemExit) as stop:  # every trial failed: so did the search
+        search.run(_search_cfg(tmp_path), fails)
+    assert stop.value.code == 3
     found = json.loads((tmp_path / "search" / SEARCH_FILE).read_text())
     assert [(t["state"], t["failed"]) for t in found["trials"]] == [
         ("FAIL", "exit 2"),
@@ -296,3 +299,26 @@ def test_a_search_whose_folder_or_study_another_process_holds_is_one_line(
         assert not (tmp_path / "search" / "study.db").exists()  # refused before it opened a study
     else:
         assert len(json.loads((tmp_path / "search" / SEARCH_FILE).read_text())["trials"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("hparams_search.params.model.optimizer.lr.low=0.1", "hparams_search.params.model.optimizer.lr"),
+        ("hparams_search.params.model.optimizer.lr.low=0", "hparams_search.params.model.optimizer.lr"),
+        ("+hparams_search.params.model.net.dropout.step=0", "hparams_search.params.model.net.dropout"),
+        ("hparams_search.sampler=5", "hparams_search.sampler"),
+        ("hparams_search.pruner=median", "hparams_search.pruner"),
+    ],
+)
+def test_a_search_space_or_sampler_optuna_refuses_is_one_line_naming_the_key(
+    tmp_path: Path, capsys, override: str, key: str
+) -> None:
+    """low > high, log with low <= 0, step 0 (Optuna's ValueErrors), a sampler or pruner that is no node."""
+    from lightspeed.core.config import exit_on_config_error
+    from lightspeed.run import search
+
+    with pytest.raises(SystemExit) as stop, exit_on_config_error():
+        search.run(_search_cfg(tmp_path, override), lambda *_: pytest.fail("a trial ran"))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and re.match(rf"error: {re.escape(key)}=.* is invalid", line), line

@@ -62,7 +62,8 @@ def run(config_name: str, task: Callable[[DictConfig], Any]) -> Any:
         route_to_run_log()
         with boundary(config_name):  # here, not only around Hydra: its own report of an error is lines more
             try:
-                return task(cfg)  # Hydra sweepers read the return value
+                with exit_on_config_error():  # here: Hydra would report it in lines of its own first
+                    return task(cfg)  # Hydra sweepers read the return value
             except SystemExit as stop:
                 if stop.code == 2:  # the task refused its config: a folder of Hydra's files alone is no run
                     from lightspeed.run.compose_errors import undo_refused_start

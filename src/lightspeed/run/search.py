@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,19 +67,22 @@ class PruneOnValidation(L.Callback):
 
 
 def distribution(optuna: Any, key: str, spec: Any) -> Any:
-    """A list: a choice of values; {low, high} floats (log: true for a log scale); ints with `step`."""
-    if isinstance(spec, list) and spec:
-        return optuna.distributions.CategoricalDistribution(spec)
-    if isinstance(spec, dict) and {"low", "high"} <= set(spec):
-        low, high = spec["low"], spec["high"]
-        if isinstance(low, int) and isinstance(high, int) and not spec.get("log"):
-            return optuna.distributions.IntDistribution(low, high, step=int(spec.get("step", 1)))
-        return optuna.distributions.FloatDistribution(
-            float(low), float(high), log=bool(spec.get("log", False))
-        )
+    """A list: a choice of values; {low, high}: a range (log: true for a log scale; step: a grid), of
+    integers where both ends are; one line naming the key where Optuna refuses it (low > high, say)."""
+    why = ""
+    try:
+        if isinstance(spec, list) and spec:
+            return optuna.distributions.CategoricalDistribution(spec)
+        if isinstance(spec, dict) and {"low", "high"} <= set(spec):
+            low, high, log, step = spec["low"], spec["high"], bool(spec.get("log", False)), spec.get("step")
+            if isinstance(low, int) and isinstance(high, int) and not log:
+                return optuna.distributions.IntDistribution(low, high, step=1 if step is None else step)
+            return optuna.distributions.FloatDistribution(float(low), float(high), log=log, step=step)
+    except (ValueError, TypeError) as err:
+        why = f" ({first_line(err)})"
     raise ConfigError(
-        f"hparams_search.params.{key}={spec!r} is invalid: use a list of choices, or {{low: .., high: ..}} "
-        "(log: true for a log scale; integers with step)"
+        f"hparams_search.params.{key}={spec!r} is invalid{why}: use a list of choices, or {{low: .., "
+        "high: ..} (log: true for a log scale; step: a grid)"
     )
 
 
@@ -106,6 +110,13 @@ def run(cfg: DictConfig, train: Any) -> float | None:
                 "on one device (trainer=cpu or trainer=gpu)"
             )
         monitor.settle(cfg)
+        for key in ("sampler", "pruner"):  # Optuna's classes, or none
+            node = cfg.hparams_search.get(key)
+            if node is not None and not (OmegaConf.is_dict(node) and "_target_" in node):
+                raise ConfigError(
+                    f"hparams_search.{key}={node!r} is invalid: give a node naming the class in _target_ "
+                    f"(optuna.{key}s.<Class>), or null for Optuna's default"
+                )
         if cfg.get("ckpt_path") is not None:
             from lightspeed.resilience.resume_from import check_checkpoint_path
 
@@ -270,8 +281,20 @@ def _report(study: Any, folder: Path) -> float | None:
         }
     write_text_atomically(folder / SEARCH_FILE, json.dumps(facts, indent=2) + "\n")
     if best is None:
-        print("hparams_search: no trial finished with a score (each trial's own line says why)")
-        return None
+        return _none_scored(study)
     run_dir = facts["best_run_dir"]
     print(f"hparams_search: best trial {best.number} ({best.value:.4f}) {best.params}; its run: {run_dir}")
     return float(best.value)
+
+
+def _none_scored(study: Any) -> None:
+    """No trial scored: where each of them failed, the search failed too (exit 2 where every trial was
+    refused a setting, else 3); else (none finished before `timeout_s`) the same command continues it."""
+    failed = [t.user_attrs.get("failed") for t in study.trials if t.state.name == "FAIL"]
+    if not failed or len(failed) < len(study.trials):
+        print("hparams_search: no trial finished with a score yet: the same command continues the search")
+        return None
+    print("error: hparams_search: every trial failed (each trial's own line says why)", file=sys.stderr)
+    raise SystemExit(
+        CONFIG_ERROR_EXIT if set(failed) == {f"exit {CONFIG_ERROR_EXIT}"} else TRAINING_FAILURE_EXIT
+    )
