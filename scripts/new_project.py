@@ -317,6 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return 2
+    except Exception as err:  # the one failure boundary of every command (docs/resilience.md)
+        if os.environ.get("LIGHTSPEED_DEBUG") == "1":
+            raise
+        said = one_line((str(err).strip().splitlines() or [""])[0])
+        print(
+            f"error: new-project: {type(err).__name__}: {said}; LIGHTSPEED_DEBUG=1 shows its traceback",
+            file=sys.stderr,
+        )
+        return 3
     shown = one_line(str(dest))
     print(f"{args.name}: a new project in {shown} (package src/{args.name}/, a git repository, one commit)")
     print(f"engine: lightspeed @ {engine}" + (f" ({said})" if said else ""))

@@ -361,3 +361,18 @@ def test_two_processes_at_once_to_one_dest_make_one_project_and_one_line(tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["acme"]
     status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path / "acme", capture_output=True)
     assert status.returncode == 0 and status.stdout == b""
+
+
+def test_an_unexpected_error_is_one_line_and_exit_3(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The one failure boundary of every command: here a bug of the script's own, simulated."""
+
+    def bug(*args: object) -> None:
+        raise KeyError("a bug of the script's own")
+
+    monkeypatch.setattr(script, "new_project", bug)
+    assert script.main(["demo", str(tmp_path / "demo")]) == 3
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: new-project: KeyError") and "LIGHTSPEED_DEBUG=1" in line, line
+    monkeypatch.setenv("LIGHTSPEED_DEBUG", "1")
+    with pytest.raises(KeyError):
+        script.main(["demo", str(tmp_path / "demo")])
