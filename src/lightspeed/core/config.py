@@ -93,6 +93,8 @@ def plain(node: Any) -> Any:
 #: The views of `schema.SCHEMA` for the keys that name folders and the retired keys (what to use instead).
 FOLDER_KEYS = tuple(k for k, key in SCHEMA.items() if key.folder)
 RETIRED = {k: key.retired for k, key in SCHEMA.items() if key.retired is not None}
+#: The shipped modules' own rules, which a module of the user's own is not held to.
+MODEL_RULES = tuple(k for k in SCHEMA if k.startswith(("model.net.", "model.optimizer.", "model.scheduler.")))
 
 
 def validate_train(cfg: DictConfig) -> None:
@@ -166,10 +168,9 @@ def _select(cfg: DictConfig, key: str) -> Any:
 def validate_common(cfg: DictConfig) -> None:
     """The checks that train, eval and shards share. The rules under `model.` are the shipped modules'
     (`lightspeed.models`): a module of the user's own has its constructor's annotations checked instead."""
-    theirs = not str(_get(cfg, "model._target_") or "").startswith("lightspeed.models.")
+    skipped = () if str(_get(cfg, "model._target_")).startswith("lightspeed.models.") else MODEL_RULES
     for key, rule in SCHEMA.items():
-        skip = rule.check is None or (theirs and key.startswith("model.") and key != "model._recursive_")
-        value = _select(cfg, key) if not skip else _ABSENT
+        value = _select(cfg, key) if rule.check is not None and key not in skipped else _ABSENT
         if value is not _ABSENT and not rule.check(value):  # type: ignore[misc]
             raise ConfigError(f"{key}={value!r} is invalid: use {rule.allowed}")
     val, test = _get(cfg, "data.val_fraction"), _get(cfg, "data.test_fraction")

@@ -40,12 +40,8 @@ def conf_targets(group: str | None = None) -> frozenset[str]:
         except yaml.YAMLError:
             continue
         inside = group is None or path.relative_to(folder).parts[0] == group
-        found |= {
-            t
-            for key, t in _targets(tree, "")
-            if isinstance(t, str) and not t.startswith("${") and (inside or f"{key}.".startswith(f"{group}."))
-        }
-    return frozenset(found)
+        found |= {t for key, t in _targets(tree, "") if inside or f"{key}.".startswith(f"{group}.")}
+    return frozenset(t for t in found if isinstance(t, str) and not t.startswith("${"))
 
 
 def user_packages(targets: frozenset[str]) -> tuple[str, ...]:
