@@ -88,3 +88,15 @@ def test_a_trial_that_fails_unexpectedly_is_a_failed_trial_and_the_search_goes_o
     states = [(t["state"], t.get("failed")) for t in found["trials"]]
     assert states[0] == ("FAIL", "exit 3") and ("COMPLETE", None) in states, states
     assert len(states) == 5
+
+
+def test_an_error_carrying_another_processs_traceback_is_named_by_its_cause() -> None:
+    """A DataLoader worker's error, a spawned rank's: their message holds the other process's traceback."""
+    from lightspeed.core.unexpected import _line
+
+    worker = ValueError(
+        "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\nValueError: a corrupt image'
+    )
+    assert _line(worker) == "ValueError: a corrupt image"
+    assert _line(ValueError("plain\nsecond line")) == "plain"

@@ -35,9 +35,10 @@ def stop(err: Exception, phase: str) -> NoReturn:
 
 
 def _line(err: BaseException) -> str:
-    """The error's first line; a DataLoader worker's error is its last (after the worker's traceback)."""
+    """The error's first line; one that carries another process's traceback (a DataLoader worker's, a
+    spawned rank's) says its cause last."""
     text = str(err).strip()
-    return text.splitlines()[-1] if "Original Traceback" in text else first_line(err)
+    return text.splitlines()[-1] if "Traceback (most recent call last)" in text else first_line(err)
 
 
 def _log_traceback(err: BaseException) -> str | None:
