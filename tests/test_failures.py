@@ -181,7 +181,7 @@ def test_ddp_a_rank_that_raises_ends_every_rank_within_a_minute(tmp_path: Path, 
     said = (
         "error: rank 0 failed (below); stopped the other 1 ranks"
         if rank == 0
-        else "error: rank 1 exited with code 1"
+        else "error: rank 1 exited with code 3"
     )
     assert said in proc.stderr
 
