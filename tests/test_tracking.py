@@ -249,11 +249,16 @@ def test_the_ids_a_run_stored_come_back_where_they_live_and_nowhere_else(tmp_pat
                 "paths": {"output_dir": str(tmp_path)},
                 "logger": {
                     "mlflow": {"_target_": "lightning.pytorch.loggers.MLFlowLogger", "tracking_uri": uri},
-                    "wandb": {"_target_": "lightning.pytorch.loggers.WandbLogger", "project": project},
+                    "wandb": {
+                        "_target_": "lightning.pytorch.loggers.WandbLogger",
+                        "project": project,
+                        "save_dir": str(tmp_path),
+                    },
                 },
             }
         )
 
+    (tmp_path / "wandb" / "offline-run-20260101_000000-w1").mkdir(parents=True)  # the attempt W&B wrote
     remember(cfg("http://a", "p"), [OpenedMLflow(), OpenedWandb()])
     again = cfg("http://a", "p")
     continue_runs(again)

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, open_dict
 
 from lightspeed.core.config import ConfigError, exit_on_config_error, first_line, flatten, locate
-from lightspeed.core.files import read_json, write_text_atomically
+from lightspeed.core.files import read_regular, write_text_atomically
 
 TRACKING_FILE = "tracking.json"
 #: MLflow's waits on a tracking server, where the environment does not set them: its own (7 retries,
@@ -29,6 +29,14 @@ MLFLOW_WAITS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
 }
+#: MLflow's tries at opening a database store: its own 10 (no setting for it) slept 100 s on a SQLite file it
+#: cannot open (`sqlite:////proc/x.db`) before a traceback; 3 sleep 0.4 s.
+MLFLOW_DB_TRIES = 3
+#: What a stored id may be (MLflow's are 32 hex digits, W&B's 8 letters and digits, or the user's own): never
+#: an interpolation (`${...}`), a path or a glob.
+RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+#: W&B's modes (wandb's Settings.mode): another WANDB_MODE is a pydantic traceback at the logger's start.
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
 
 
 def _kind(node: Any) -> type | None:
@@ -44,26 +52,42 @@ def _kind(node: Any) -> type | None:
     )
 
 
-def _stored(run_dir: Path) -> dict[str, dict[str, str]]:
+def _stored(run_dir: Path, say: bool = False) -> dict[str, dict[str, str]]:
     """{logger name: {"id": the tracked run's id, "at": where it lives (MLflow's tracking URI, W&B's
-    project)}}: data a run wrote for itself, read with care (anything else is no stored run)."""
-    found = read_json(run_dir / TRACKING_FILE)
-    if not isinstance(found, dict):
+    project)}}: data a run wrote for itself, taken only in the shape it was written in; anything else (torn,
+    a FIFO, a folder, a link out of the run folder, an id that is no id) is no stored run, in one line."""
+    path = run_dir / TRACKING_FILE
+    if not os.path.lexists(path):
         return {}
-    return {
-        k: {"id": v["id"], "at": v["at"]}
-        for k, v in found.items()
-        if isinstance(v, dict) and isinstance(v.get("id"), str) and isinstance(v.get("at"), str)
-    }
+    try:
+        found = json.loads(read_regular(path, within=run_dir))
+        if not isinstance(found, dict) or not all(map(_is_entry, found.values())):
+            raise ValueError("not {logger: {id, at}}")
+    except (ValueError, RecursionError) as err:  # RefusedFile is a ValueError
+        if say:
+            rank_zero_info(f"{path} is not a tracking file ({first_line(err)[:200]}): new tracked runs")
+        return {}
+    return found
+
+
+def _is_entry(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and value.keys() == {"id", "at"}
+        and isinstance(value["at"], str)
+        and isinstance(value["id"], str)
+        and RUN_ID.fullmatch(value["id"]) is not None
+    )
 
 
 def _where(node: Any, kind: type) -> str:
     return str(node.get("tracking_uri") if kind is MLFlowLogger else node.get("project"))
 
 
-def _gone_from_local_store(earlier: dict[str, str]) -> str | None:
-    """Why the stored MLflow run cannot be continued, for a local SQLite store (deleted with logs/, say); None
-    where it can, or for a server (asked at logger start: no wait here on one that is down)."""
+def _gone_from_local_store(name: str, node: Any, earlier: dict[str, str]) -> str | None:
+    """Why the stored MLflow run cannot be continued, for a local SQLite store: deleted with logs/, deleted in
+    the UI, or another run's (its name is not this one's: a copied run folder); None where it can, or for a
+    server (asked at logger start: no wait here on one that is down). A store MLflow cannot open: one line."""
     uri = earlier["at"]
     if not uri.startswith("sqlite:"):
         return None
@@ -73,13 +97,28 @@ def _gone_from_local_store(earlier: dict[str, str]) -> str | None:
     except ImportError:
         return None  # building the logger says, in one line, which extra to install
 
-    try:
-        run = MlflowClient(tracking_uri=uri).get_run(earlier["id"])
-    except MlflowException:
-        return f"the run {earlier['id']} this run folder logged to is no longer in {uri}"
+    with _store_answers(name, node, "MLflow"):
+        try:
+            run = MlflowClient(tracking_uri=uri).get_run(earlier["id"])
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            return f"the run {earlier['id']} this run folder logged to is no longer in {uri}"
     if run.info.lifecycle_stage == "deleted":
         return f"the run {earlier['id']} this run folder logged to was deleted from {uri}"
+    named = node.get("run_name")
+    if named is not None and run.info.run_name != str(named):
+        return f"the run {earlier['id']} in {uri} is {run.info.run_name}'s, not {named}'s"
     return None
+
+
+def _not_this_folders_wandb_run(node: Any, earlier: dict[str, str]) -> str | None:
+    """Why the stored W&B id is not this run folder's: no attempt of it under the logger's `save_dir` (W&B
+    keeps each attempt in `wandb/*-<id>`: a copied tracking.json names another folder's run)."""
+    folder = Path(str(node.get("save_dir") or ".")) / "wandb"
+    if any(folder.glob(f"*-{earlier['id']}")):
+        return None
+    return f"the W&B run {earlier['id']} has no attempt in {folder}"
 
 
 def has_wandb_key() -> bool:
@@ -96,22 +135,43 @@ def continue_runs(cfg: DictConfig) -> None:
     """Into each MLflow or W&B logger node whose id is unset, the id this run folder's earlier attempt
     stored; W&B's `offline: auto` resolved (offline without a key, unless WANDB_MODE says otherwise)."""
     nodes = cfg.get("logger") or {}
-    stored = _stored(Path(cfg.paths.output_dir))
-    if any(_kind(node) is MLFlowLogger for node in nodes.values()):
-        for name, value in MLFLOW_WAITS.items():  # before any request; DDP's ranks inherit them
-            os.environ.setdefault(name, value)
+    kinds = {name: _kind(node) for name, node in nodes.items()}
+    if MLFlowLogger in kinds.values():
+        _bound_mlflow_waits()
+    if WandbLogger in kinds.values():
+        _check_wandb_mode()
+    stored = _stored(Path(cfg.paths.output_dir), say=True)
     with open_dict(cfg):
         for name, node in nodes.items():
-            kind = _kind(node)
+            kind = kinds[name]
             if kind is not None and stored.get(name) is not None:
                 _continue(name, node, kind, stored[name])
             if kind is WandbLogger and node.get("offline") == "auto":
                 _offline_unless_logged_in(name, node)
 
 
+def _check_wandb_mode() -> None:
+    mode = os.environ.get("WANDB_MODE")
+    if mode is not None and mode not in WANDB_MODES:
+        raise ConfigError(
+            f"WANDB_MODE={mode} is not a W&B mode: set it to offline, online or disabled, or unset it"
+        )
+
+
+def _bound_mlflow_waits() -> None:
+    """MLflow's waits on a server (MLFLOW_WAITS, where the environment does not set them: DDP's ranks inherit
+    them) and its tries at opening a database store, bounded before its first request."""
+    for name, value in MLFLOW_WAITS.items():
+        os.environ.setdefault(name, value)
+    with contextlib.suppress(ImportError):  # building the logger says which extra to install
+        from mlflow.store.db import utils
+
+        utils.MAX_RETRY_COUNT = min(getattr(utils, "MAX_RETRY_COUNT", MLFLOW_DB_TRIES), MLFLOW_DB_TRIES)
+
+
 def _continue(name: str, node: Any, kind: type, earlier: dict[str, str]) -> None:
-    """The earlier attempt's tracked run, where it lives where this node logs and still exists; else a new
-    one there, in one line."""
+    """The earlier attempt's tracked run, where it lives where this node logs, still exists and is this
+    folder's; else a new one there, in one line."""
     key = "run_id" if kind is MLFlowLogger else "id"
     if node.get(key) is not None:
         return
@@ -121,7 +181,10 @@ def _continue(name: str, node: Any, kind: type, earlier: dict[str, str]) -> None
             f"{_where(node, kind)}: a new tracked run there"
         )
         return
-    gone = _gone_from_local_store(earlier) if kind is MLFlowLogger else None
+    if kind is MLFlowLogger:
+        gone = _gone_from_local_store(name, node, earlier)
+    else:
+        gone = _not_this_folders_wandb_run(node, earlier)
     if gone:
         rank_zero_info(f"logger.{name}: {gone}: a new tracked run there")
         return
@@ -149,7 +212,17 @@ def remember(cfg: DictConfig, loggers: list[Logger]) -> None:
     run_dir = Path(cfg.paths.output_dir)
     stored = _stored(run_dir)
     if found and stored != {**stored, **found}:
-        write_text_atomically(run_dir / TRACKING_FILE, json.dumps({**stored, **found}, indent=2) + "\n")
+        _write(run_dir / TRACKING_FILE, {**stored, **found})
+
+
+def _write(path: Path, entries: dict[str, dict[str, str]]) -> None:
+    try:
+        write_text_atomically(path, json.dumps(entries, indent=2) + "\n")
+    except OSError as err:  # a folder of that name, a full disk
+        raise ConfigError(
+            f"{path} cannot be written ({err.strerror or err}): remove it or free the space; without it a "
+            "rerun opens new tracked runs"
+        ) from None
 
 
 def _tracked_run(node: Any, logger: Logger) -> dict[str, str] | None:
@@ -195,6 +268,10 @@ def _log_new_params(name: str, node: dict[str, Any], logger: MLFlowLogger, confi
     logger.log_hyperparams({k: v for k, v in flat.items() if k not in kept})
 
 
+#: Where MLflow's and W&B's errors at reaching their store come from (a SQLite file: sqlalchemy's).
+_THEIRS = ("mlflow", "wandb", "requests", "urllib3", "sqlalchemy", "sqlite3")
+
+
 @contextlib.contextmanager
 def _store_answers(name: str, node: dict[str, Any], kind: str) -> Iterator[None]:
     """MLflow's or W&B's failure to reach or use its store (a server that is down or never answers, a
@@ -203,7 +280,7 @@ def _store_answers(name: str, node: dict[str, Any], kind: str) -> Iterator[None]
     try:
         yield
     except Exception as err:
-        if type(err).__module__.split(".")[0] not in ("mlflow", "wandb", "requests", "urllib3"):
+        if type(err).__module__.split(".")[0] not in _THEIRS:
             raise
         said = str(err).strip()
         # the reason inside the text of requests' and urllib3's nested errors

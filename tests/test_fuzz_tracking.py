@@ -1,0 +1,190 @@
+"""Tracking and downloads fuzzed: tracking.json mutated (a FIFO, a folder, a link out, empty, torn, huge, of
+another shape, an id that is code or another run's), download mirrors that misbehave (a drip of headers or
+body, a wrong size or checksum, a redirect loop, a server that never answers) and tracking settings (MLflow
+tracking URIs, run names, W&B ids, WANDB_MODE). Each case ends in one line (exit 2) or a correct run, within a
+bounded time, and writes no file outside its run: never a traceback or a hang.
+
+The fast suite runs a few cases that take milliseconds; the slow suite runs the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from lightspeed.core.config import exit_on_config_error
+from lightspeed.run.tracking import TRACKING_FILE, _stored, continue_runs, remember
+
+#: Outcomes: a correct run, one line (exit 2), anything else (a traceback, exit 3, a wrong result).
+RUN, LINE = "run", "line"
+
+
+def _outcome(step: Callable[[], object], capsys) -> str:
+    """RUN where `step` returns, LINE where it ends in one `error:` line and exit 2."""
+    try:
+        with exit_on_config_error():
+            step()
+    except SystemExit as stop:
+        err = capsys.readouterr().err.strip().splitlines()
+        errors = [line for line in err if line.startswith("error: ")]
+        assert stop.code == 2 and len(errors) == 1 and "Traceback" not in "\n".join(err), err[-5:]
+        return LINE
+    return RUN
+
+
+# tracking.json ------------------------------------------------------------------------------------------
+
+MLFLOW_ID = "0123456789abcdef0123456789abcdef"
+
+
+def _tracking_cfg(run_dir: Path, uri: str) -> object:
+    return OmegaConf.create(
+        {
+            "paths": {"output_dir": str(run_dir)},
+            "logger": {
+                "mlflow": {
+                    "_target_": "lightning.pytorch.loggers.MLFlowLogger",
+                    "tracking_uri": uri,
+                    "run_name": "this",
+                    "run_id": None,
+                },
+                "wandb": {
+                    "_target_": "lightning.pytorch.loggers.WandbLogger",
+                    "project": "p",
+                    "save_dir": str(run_dir),
+                    "id": None,
+                    "offline": True,
+                },
+            },
+        }
+    )
+
+
+def _entries(mlflow_id: str, wandb_id: str, uri: str) -> str:
+    return json.dumps({"mlflow": {"id": mlflow_id, "at": uri}, "wandb": {"id": wandb_id, "at": "p"}})
+
+
+def _mutate(case: str, path: Path, outside: Path, uri: str, mlflow_id: str) -> None:
+    """`path` (tracking.json) as the case makes it; `outside` is a good tracking file of another folder."""
+    good = _entries(MLFLOW_ID, "w1", uri)
+    written = {
+        "empty": "",
+        "torn": good[: len(good) // 2],
+        "huge": json.dumps({"mlflow": {"id": MLFLOW_ID, "at": uri, "pad": "x" * (17 << 20)}}),
+        "not_utf8": "\udcff",
+        "a_list": "[1, 2]",
+        "null": "null",
+        "deep": "[" * 100_000 + "]" * 100_000,
+        "id_not_a_string": json.dumps({"mlflow": {"id": 7, "at": uri}}),
+        "entry_not_a_dict": json.dumps({"mlflow": "x"}),
+        "an_extra_key": json.dumps({"mlflow": {"id": MLFLOW_ID, "at": uri, "cmd": "rm -rf ~"}}),
+        "id_is_code": _entries("${oc.create:{_target_: os.makedirs, _args_: [PWNED]}}", "w1", uri),
+        "id_reads_the_environment": _entries("${oc.env:HOME}", "${oc.env:HOME}", uri),
+        "id_is_a_path": _entries("../../x", "../../../x", uri),
+        "another_run_s_ids": _entries(mlflow_id, "w2", uri),  # no attempt of w2 here; the run is "other"'s
+    }
+    if case in written:
+        path.write_bytes(written[case].encode("utf-8", "surrogateescape"))
+    elif case == "fifo":
+        os.mkfifo(path)
+    elif case == "folder":
+        path.mkdir()
+        (path / "x").write_text(good)
+    elif case == "link_out":
+        path.symlink_to(outside)
+    elif case == "dangling_link":
+        path.symlink_to(outside.parent / "nothing")
+    elif case != "missing":
+        raise AssertionError(case)
+
+
+TRACKING_CASES = [
+    "missing", "fifo", "folder", "link_out", "dangling_link", "empty", "torn", "huge", "not_utf8", "a_list",
+    "null", "deep", "id_not_a_string", "entry_not_a_dict", "an_extra_key", "id_is_code",
+    "id_reads_the_environment", "id_is_a_path", "another_run_s_ids",
+]  # fmt: skip
+FAST_TRACKING = ["fifo", "link_out", "torn", "huge", "id_is_code", "another_run_s_ids"]
+
+
+class _Opened:
+    """What `remember` reads of an MLflow and a W&B logger whose runs are open."""
+
+    def __init__(self) -> None:
+        from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
+
+        class OpenedMLflow(MLFlowLogger):
+            def __init__(self) -> None:
+                pass
+
+            run_id = "fedcba9876543210fedcba9876543210"
+
+        class OpenedWandb(WandbLogger):
+            def __init__(self) -> None:
+                pass
+
+            version = "new1"
+
+        self.loggers = [OpenedMLflow(), OpenedWandb()]
+
+
+def check_tracking_file(case: str, tmp_path: Path, capsys) -> str:
+    """The case's tracking.json under a run's start (continue_runs) and its remember: one line, or new tracked
+    runs and a tracking.json that holds them; nothing outside the run folder changed, nothing run."""
+    uri, mlflow_id = "http://127.0.0.1:9", MLFLOW_ID  # a server: no request before the logger starts
+    if case == "another_run_s_ids":  # a local store, asked whose the run is
+        pytest.importorskip("mlflow", reason="logger=mlflow needs the tracking extra")
+        uri, mlflow_id = _store_with_another_run(tmp_path)
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    run_dir.mkdir()
+    other.mkdir()
+    (run_dir / "wandb" / "offline-run-20260101_000000-w1").mkdir(parents=True)  # this folder's W&B attempt
+    outside = other / TRACKING_FILE
+    outside.write_text(_entries(MLFLOW_ID, "w2", uri))
+    before = outside.read_bytes()
+    _mutate(case, run_dir / TRACKING_FILE, outside, uri, mlflow_id)
+    cfg = _tracking_cfg(run_dir, uri)
+    start = time.monotonic()
+    got = _outcome(lambda: continue_runs(cfg), capsys)
+    assert got == RUN, case  # a bad tracking file is no stored run: new tracked runs, said
+    assert (cfg.logger.mlflow.run_id, cfg.logger.wandb.id) == (None, None), case
+    got = _outcome(lambda: remember(cfg, _Opened().loggers), capsys)
+    assert time.monotonic() - start < 30, case
+    assert outside.read_bytes() == before and not (tmp_path / "PWNED").exists(), case
+    assert not list(Path.cwd().glob("PWNED*")), case
+    if got == RUN:  # the new runs' ids, in the shape a run writes
+        assert _stored(run_dir) == {
+            "mlflow": {"id": "fedcba9876543210fedcba9876543210", "at": uri},
+            "wandb": {"id": "new1", "at": "p"},
+        }, case
+    return got
+
+
+@pytest.mark.parametrize("case", FAST_TRACKING)
+def test_a_sample_of_mutated_tracking_files_starts_new_tracked_runs(
+    case: str, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert check_tracking_file(case, tmp_path, capsys) == RUN
+
+
+def _store_with_another_run(tmp_path: Path) -> tuple[str, str]:
+    """A SQLite MLflow store with a run of another run folder (named `other`, not `this`): its URI, its id."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    return uri, client.create_run(client.create_experiment("e"), run_name="other").info.run_id
+
+
+@pytest.mark.slow  # the cases the sample above did not run
+@pytest.mark.parametrize("case", [c for c in TRACKING_CASES if c not in FAST_TRACKING])
+def test_every_other_mutated_tracking_file_starts_new_tracked_runs_or_is_one_line(
+    case: str, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert check_tracking_file(case, tmp_path, capsys) == (LINE if case == "folder" else RUN)
