@@ -8,16 +8,22 @@ The fast suite runs a few cases that take milliseconds; the slow suite runs the 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from lightspeed.core.config import exit_on_config_error
+from lightspeed.data import download
+from lightspeed.data.download import DownloadError, Remote, fetch
 from lightspeed.run.tracking import TRACKING_FILE, _stored, continue_runs, remember
 
 #: Outcomes: a correct run, one line (exit 2), anything else (a traceback, exit 3, a wrong result).
@@ -188,3 +194,117 @@ def test_every_other_mutated_tracking_file_starts_new_tracked_runs_or_is_one_lin
 ) -> None:
     monkeypatch.chdir(tmp_path)
     assert check_tracking_file(case, tmp_path, capsys) == (LINE if case == "folder" else RUN)
+
+
+# download mirrors ---------------------------------------------------------------------------------------
+
+BODY = bytes(range(256)) * 64
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+
+
+class Mirror:
+    """A raw HTTP server on 127.0.0.1 whose answer the path names (`/<case>/<file>`): each misbehaves as a
+    mirror on the internet might; stopped with the test (its drips end)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.silent = socket.create_server(("127.0.0.1", 0))  # takes connections, never answers
+        self.stopped = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def url(self, case: str) -> str:
+        if case == "never_answers":
+            return f"http://127.0.0.1:{self.silent.getsockname()[1]}/"
+        if case == "refused":
+            return "http://127.0.0.1:9/"  # the discard port: nothing listens there
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/{case}/"
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while not self.stopped.is_set():
+                conn, _ = self.listener.accept()
+                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: socket.socket, data: bytes) -> None:
+        for i in range(len(data)):
+            if self.stopped.wait(0.05):
+                return
+            conn.sendall(data[i : i + 1])
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            request = b""
+            while b"\r\n\r\n" not in request and (got := conn.recv(4096)):
+                request += got
+            case = request.split(b" ")[1].decode().split("/")[1]
+            answers = {
+                "good": HEAD % len(BODY) + BODY,
+                "wrong_checksum": HEAD % len(BODY) + BODY[::-1],
+                "short": HEAD % (2 * len(BODY)) + BODY,
+                "too_long": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BODY * 200,
+                "redirect_loop": b"HTTP/1.1 302 Found\r\nLocation: /redirect_loop/a.gz\r\n\r\n",
+                "not_found": b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+                "server_error": b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n",
+                "not_http": b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+                "closed": b"",
+            }
+            if case == "drip_headers":  # every read within TIMEOUT, the headers never done
+                self._drip(conn, b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 10_000)
+            elif case == "drip_body":
+                conn.sendall(HEAD % len(BODY))
+                self._drip(conn, BODY)
+            else:
+                conn.sendall(answers[case])
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.listener.close()
+        self.silent.close()
+
+
+MIRROR_CASES = [
+    "good", "wrong_checksum", "short", "too_long", "redirect_loop", "not_found", "server_error", "not_http",
+    "closed", "drip_headers", "drip_body", "never_answers", "refused",
+]  # fmt: skip
+FAST_MIRRORS = ["drip_headers", "redirect_loop", "wrong_checksum"]
+
+
+@pytest.fixture
+def mirror(monkeypatch) -> Iterator[Mirror]:
+    monkeypatch.setattr(download, "TIMEOUT", 0.5)
+    monkeypatch.setattr(download, "DEADLINE", 1.0)
+    served = Mirror()
+    yield served
+    served.close()
+
+
+def check_mirror(case: str, mirror: Mirror, tmp_path: Path) -> str:
+    """`fetch` from the case's mirror: the file, verified, or one line naming the URL; within a bounded
+    time; nothing left in the data folder but the verified file."""
+    folder = tmp_path / "data"
+    remote = Remote("a.gz", hashlib.md5(BODY).hexdigest(), (mirror.url(case),), size=len(BODY))
+    start = time.monotonic()
+    try:
+        got = fetch(remote, folder).read_bytes() == BODY and RUN
+    except DownloadError as err:
+        assert "\n" not in str(err) and mirror.url(case) in str(err), str(err)
+        got = LINE
+    took = time.monotonic() - start
+    assert took < 4 * (download.DEADLINE + download.ATTEMPTS * download.TIMEOUT), (case, took)
+    assert sorted(p.name for p in folder.iterdir()) == (["a.gz"] if got == RUN else []), case
+    return got
+
+
+@pytest.mark.parametrize("case", FAST_MIRRORS)
+def test_a_sample_of_misbehaving_mirrors_is_one_line_in_bounded_time(
+    case: str, mirror: Mirror, tmp_path: Path
+) -> None:
+    assert check_mirror(case, mirror, tmp_path) == LINE
+
+
+@pytest.mark.slow  # the cases the sample above did not run (a few are seconds of waiting)
+@pytest.mark.parametrize("case", [c for c in MIRROR_CASES if c not in FAST_MIRRORS])
+def test_every_other_mirror_is_the_verified_file_or_one_line_in_bounded_time(
+    case: str, mirror: Mirror, tmp_path: Path
+) -> None:
+    assert check_mirror(case, mirror, tmp_path) == (RUN if case == "good" else LINE)

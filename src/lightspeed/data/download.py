@@ -11,8 +11,10 @@ import hashlib
 import http.client
 import os
 import shutil
+import socket
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,14 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lightspeed.core.config import ConfigError
+from lightspeed.core.config import ConfigError, first_line
 from lightspeed.core.files import readable
 from lightspeed.data.base import ArrayDataModule
 
 #: Seconds without a byte from the server before a download attempt is given up.
 TIMEOUT = 30.0
-#: Seconds a whole file may take (a server that sends a byte every few seconds never trips TIMEOUT); a
-#: `.part` file older than this was left by a download that died, and is removed.
+#: Seconds fetching a whole file may take, every mirror and attempt together (a server that drips its headers
+#: or its body a byte every few seconds never trips TIMEOUT); a `.part` file older than this was left by a
+#: download that died, and is removed.
 DEADLINE = 3 * 3600.0
 #: Bytes accepted for a file whose size is not recorded (`Remote.size`): the shipped data sets are smaller.
 MAX_BYTES = 1 << 30
@@ -66,31 +69,30 @@ def md5_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-# radon C: url x retry
 def fetch(remote: Remote, folder: Path, mirrors: Sequence[str] | None = None) -> Path:
     """`folder/<filename>`, verified; downloaded first unless a verified copy is there (put by hand, or by
-    an earlier run). `mirrors` replaces the remote's own base URLs (a local copy, a test server)."""
+    an earlier run), within DEADLINE seconds. `mirrors` replaces the remote's own base URLs (a local copy, a
+    test server)."""
     target = folder / remote.filename
+    tried = []
     if target.is_file():
         found = md5_of(target)
         if found == remote.md5:
             return target
-        tried = [f"{target} (MD5 {found}, not the published {remote.md5})"]
-    else:
-        tried = []
+        tried.append(f"{target} (MD5 {found}, not the published {remote.md5})")
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob(f".{remote.filename}.*.part"):  # left by a download killed mid-file
-        with contextlib.suppress(OSError):
-            if time.time() - stale.stat().st_mtime > DEADLINE:
-                stale.unlink()
+    _remove_stale(folder, f".{remote.filename}.*.part")  # left by a download killed mid-file
+    deadline = time.monotonic() + DEADLINE
     for url in remote.urls(mirrors):
         for _ in range(ATTEMPTS):
+            if time.monotonic() >= deadline:
+                break
             # a name of its own: another process (another node on a shared file system) may fetch it too
             handle, name = tempfile.mkstemp(dir=folder, prefix=f".{remote.filename}.", suffix=".part")
             os.close(handle)
             part = Path(name)
             try:
-                got = _download(url, part, remote.limit)
+                got = _download(url, part, remote.limit, deadline)
             except (OSError, ValueError, http.client.HTTPException) as err:  # URLError is an OSError
                 tried.append(f"{url} ({_reason(err)})")
                 if not _worth_retrying(err):
@@ -110,29 +112,95 @@ def fetch(remote: Remote, folder: Path, mirrors: Sequence[str] | None = None) ->
     )
 
 
-def _download(url: str, part: Path, limit: int) -> str:
+def _remove_stale(folder: Path, pattern: str) -> None:
+    """What a download or an extraction killed midway left (older than DEADLINE: no live one's)."""
+    for stale in folder.glob(pattern):
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > DEADLINE:
+                shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+
+
+def _download(url: str, part: Path, limit: int, deadline: float) -> str:
     """Stream `url` into `part`; the MD5 of what arrived. A body shorter than its Content-Length (the
     connection dropped: http.client returns what came, silently) raises ConnectionError; one announced or
-    growing past `limit` bytes, or still arriving after DEADLINE seconds, is given up."""
+    growing past `limit` bytes is given up, and so is the connection, headers or body, at `deadline` (a
+    timer shuts its socket: a drip keeps each read within TIMEOUT)."""
+    sockets: list[socket.socket] = []
+    timer = threading.Timer(max(deadline - time.monotonic(), 0.0), _shut, (sockets,))
+    timer.start()
+    try:
+        got = _stream(_watched(sockets).open(url, timeout=TIMEOUT), part, limit)
+    except (OSError, ValueError, http.client.HTTPException):
+        if time.monotonic() < deadline:
+            raise
+        got = None
+    finally:
+        timer.cancel()
+    if got is None or time.monotonic() >= deadline:  # shut mid-headers, http.client may take it for an end
+        raise TimeoutError(f"not whole after {DEADLINE:.0f} s, mirrors and attempts together")
+    return got
+
+
+def _stream(response: Any, part: Path, limit: int) -> str:
     digest = hashlib.md5(usedforsecurity=False)
     received = 0
-    start = time.monotonic()
-    with urllib.request.urlopen(url, timeout=TIMEOUT) as response, part.open("wb") as out:
+    with response, part.open("wb") as out:
         expected = getattr(response, "length", None)  # None without a Content-Length (file://)
         if expected is not None and expected > limit:
             raise ValueError(f"the server announces {expected} bytes, more than the file's {limit}")
-        read = getattr(response, "read1", response.read)  # returns what has come: the deadline is checked
+        read = getattr(response, "read1", response.read)  # returns what has come
         while block := read(1 << 20):
             digest.update(block)
             out.write(block)
             received += len(block)
             if received > limit:
                 raise ValueError(f"more than the file's {limit} bytes arrived")
-            if time.monotonic() - start > DEADLINE:
-                raise TimeoutError(f"still arriving after {DEADLINE:.0f} s ({received} bytes)")
     if expected is not None and received < expected:
         raise ConnectionError(f"cut off after {received} of {expected} bytes")
     return digest.hexdigest()
+
+
+class _Kept:
+    """urllib's http(s) handler, keeping each connection's socket once connected, in `sockets`."""
+
+    sockets: list[socket.socket]
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        def kept(*args: Any, **kw: Any) -> http.client.HTTPConnection:
+            conn = http_class(*args, **kw)
+            connect = conn.connect
+
+            def connect_kept() -> None:
+                connect()
+                self.sockets.append(conn.sock)  # https's too: the wrapped one
+
+            conn.connect = connect_kept
+            return conn
+
+        return super().do_open(kept, req, **kwargs)  # type: ignore[misc]
+
+
+class _KeptHTTP(_Kept, urllib.request.HTTPHandler):
+    pass
+
+
+class _KeptHTTPS(_Kept, urllib.request.HTTPSHandler):
+    pass
+
+
+def _watched(sockets: list[socket.socket]) -> urllib.request.OpenerDirector:
+    """An opener like urlopen's (redirects followed: urllib stops a loop) whose sockets go into `sockets`."""
+    handlers = (_KeptHTTP(), _KeptHTTPS())
+    for handler in handlers:
+        handler.sockets = sockets
+    return urllib.request.build_opener(*handlers)
+
+
+def _shut(sockets: list[socket.socket]) -> None:
+    """The deadline: every socket of the download shut, which ends a read that waits on it."""
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _worth_retrying(err: BaseException) -> bool:
@@ -144,11 +212,15 @@ def _worth_retrying(err: BaseException) -> bool:
 
 
 def _reason(err: BaseException) -> str:
+    """Why, in a few words on one line (a server's own text may span lines)."""
     if isinstance(err, urllib.error.HTTPError):
-        return f"HTTP {err.code}"
+        said = (str(err.reason).splitlines() or [""])[0][:120]  # a redirect loop's: urllib's words
+        return f"HTTP {err.code}" + (f" ({said})" if 300 <= err.code < 400 else "")
     if isinstance(err, urllib.error.URLError):
         return str(err.reason)
-    return str(err) or type(err).__name__
+    if isinstance(err, http.client.HTTPException):
+        return f"not an HTTP answer ({type(err).__name__}: {first_line(err)[:120]})"
+    return first_line(err)[:200]
 
 
 def extract(archive: Path, folder: Path, name: str) -> Path:
@@ -161,10 +233,7 @@ def extract(archive: Path, folder: Path, name: str) -> Path:
         )
     final = folder / name
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob(f".{name}.*.extracting"):  # left by an extraction killed midway
-        with contextlib.suppress(OSError):
-            if time.time() - stale.stat().st_mtime > DEADLINE:
-                shutil.rmtree(stale)
+    _remove_stale(folder, f".{name}.*.extracting")  # left by an extraction killed midway
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{name}.", suffix=".extracting"))
     try:
         with tarfile.open(archive) as tar:
