@@ -21,10 +21,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from conftest import QUIET, command_line
 from lightspeed.core.config import exit_on_config_error
 from lightspeed.data import download
 from lightspeed.data.download import DownloadError, Remote, fetch
 from lightspeed.run.tracking import TRACKING_FILE, _stored, continue_runs, remember
+from lightspeed.train import train
 
 #: Outcomes: a correct run, one line (exit 2), anything else (a traceback, exit 3, a wrong result).
 RUN, LINE = "run", "line"
@@ -308,3 +310,74 @@ def test_every_other_mirror_is_the_verified_file_or_one_line_in_bounded_time(
     case: str, mirror: Mirror, tmp_path: Path
 ) -> None:
     assert check_mirror(case, mirror, tmp_path) == (RUN if case == "good" else LINE)
+
+
+# tracking settings --------------------------------------------------------------------------------------
+
+LONG = "n" * 300  # past a file name's 255 bytes
+SETTINGS = [
+    ("logger=mlflow", "logger.mlflow.tracking_uri=sqlite:////proc/x.db"),
+    ("logger=mlflow", "logger.mlflow.tracking_uri=sqlite:///{tmp}/fifo.db"),
+    ("logger=mlflow", "logger.mlflow.tracking_uri=sqlite:///{tmp}/no/such/../deep/m.db"),
+    ("logger=mlflow", "logger.mlflow.tracking_uri=file:///proc/mlruns"),
+    ("logger=mlflow", "logger.mlflow.tracking_uri=bogus://x"),
+    ("logger=mlflow", "logger.mlflow.tracking_uri=''"),
+    ("logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9"),
+    ("logger=mlflow", f"logger.mlflow.run_name={LONG}"),
+    ("logger=mlflow", "logger.mlflow.run_id=../../x"),
+    ("logger=wandb", f"logger.wandb.name={LONG}"),
+    ("logger=wandb", f"logger.wandb.id={LONG}"),
+    ("logger=wandb", "logger.wandb.id=../../x"),
+    ("logger=wandb", "logger.wandb.project=a/b"),
+    ("logger=wandb", "WANDB_MODE=bogus"),
+    ("logger=wandb", "WANDB_MODE="),
+    ("logger=wandb", "WANDB_MODE=disabled"),
+    ("logger=wandb", "WANDB_MODE=offline"),
+    ("logger=[mlflow,wandb]", "run_name=日本語"),
+]
+FAST_SETTINGS = [SETTINGS[0], SETTINGS[13]]
+FEW_BATCHES = ["trainer.max_epochs=1", *(f"++trainer.limit_{s}_batches=1" for s in ("train", "val", "test"))]
+
+
+def check_setting(setting: tuple[str, str], tmp_path: Path, monkeypatch, capsys) -> str:
+    """`make train <logger> <setting>` (a WANDB_* one in the environment), in process, of a few batches: a
+    run, or one line; nothing written outside the logs and the home folder; within a bounded time."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # no W&B key, no ~/.netrc: offline
+    for name in [n for n in os.environ if n.startswith(("WANDB_", "MLFLOW_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "fifo.db")
+    logger, value = setting[0], setting[1].replace("{tmp}", str(tmp_path))
+    args = [logger, *FEW_BATCHES, *QUIET]
+    if value.startswith("WANDB_MODE="):
+        monkeypatch.setenv("WANDB_MODE", value.split("=", 1)[1])
+    else:
+        args.append(value)
+    start = time.monotonic()
+    got = _outcome(lambda: command_line(args, tmp_path / "logs", task=train), capsys)
+    assert time.monotonic() - start < 120, setting
+    assert {p.name for p in tmp_path.iterdir()} <= {"home", "logs", "fifo.db", "no"}, setting
+    return got
+
+
+@pytest.mark.parametrize("setting", FAST_SETTINGS, ids="-".join)
+def test_a_sample_of_tracking_settings_is_a_run_or_one_line(
+    setting, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """MLflow at a SQLite file it cannot open (its 10 tries slept 100 s, then a traceback) and
+    WANDB_MODE=bogus (a pydantic traceback): one line each, before training."""
+    pytest.importorskip("mlflow", reason="logger=mlflow needs the tracking extra")
+    pytest.importorskip("wandb", reason="logger=wandb needs the tracking extra")
+    assert check_setting(setting, tmp_path, monkeypatch, capsys) == LINE
+
+
+@pytest.mark.slow  # a run each, MLflow's or W&B's start included
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s not in FAST_SETTINGS], ids="-".join)
+def test_every_other_tracking_setting_is_a_run_or_one_line(
+    setting, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    pytest.importorskip("mlflow", reason="logger=mlflow needs the tracking extra")
+    pytest.importorskip("wandb", reason="logger=wandb needs the tracking extra")
+    check_setting(setting, tmp_path, monkeypatch, capsys)

@@ -143,11 +143,17 @@ def continue_runs(cfg: DictConfig) -> None:
     stored = _stored(Path(cfg.paths.output_dir), say=True)
     with open_dict(cfg):
         for name, node in nodes.items():
-            kind = kinds[name]
-            if kind is not None and stored.get(name) is not None:
-                _continue(name, node, kind, stored[name])
-            if kind is WandbLogger and node.get("offline") == "auto":
-                _offline_unless_logged_in(name, node)
+            if kinds[name] is not None:
+                _settle(name, node, kinds[name], stored.get(name))
+
+
+def _settle(name: str, node: Any, kind: type, earlier: dict[str, str] | None) -> None:
+    if kind is MLFlowLogger:
+        _open_store(name, node)
+    if earlier is not None:
+        _continue(name, node, kind, earlier)
+    if kind is WandbLogger and node.get("offline") == "auto":
+        _offline_unless_logged_in(name, node)
 
 
 def _check_wandb_mode() -> None:
@@ -167,6 +173,19 @@ def _bound_mlflow_waits() -> None:
         from mlflow.store.db import utils
 
         utils.MAX_RETRY_COUNT = min(getattr(utils, "MAX_RETRY_COUNT", MLFLOW_DB_TRIES), MLFLOW_DB_TRIES)
+
+
+def _open_store(name: str, node: Any) -> None:
+    """MLflow's store opened before the logger is built, so that one it cannot open (a SQLite file it cannot
+    write, a scheme it does not know, a file store it refuses) is one line naming the setting, not a
+    traceback from the logger's constructor; a server is not asked here."""
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        return  # building the logger says, in one line, which extra to install
+    uri = node.get("tracking_uri") or f"file:{node.get('save_dir') or './mlruns'}"  # MLFlowLogger's fallback
+    with _store_answers(name, node, "MLflow"):
+        MlflowClient(tracking_uri=uri)
 
 
 def _continue(name: str, node: Any, kind: type, earlier: dict[str, str]) -> None:
