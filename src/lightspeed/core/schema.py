@@ -76,8 +76,13 @@ _BATCHES = (
 )
 #: A name that is one folder inside its parent: no separator, not `.` or `..`.
 FOLDER_NAME = (
-    lambda v: isinstance(v, str) and re.fullmatch(r"[\w.,=+-]+", v) is not None and v not in (".", ".."),
-    "letters, digits and . , = + - _ but not . or .. alone (it names one folder)",
+    lambda v: (
+        isinstance(v, str)
+        and re.fullmatch(r"[\w.,=+-]+", v) is not None
+        and v not in (".", "..")
+        and len(v.encode()) <= 200  # file systems take 255 bytes; the rest is for a suffix (.tmp)
+    ),
+    "letters, digits and . , = + - _ (up to 200 bytes) but not . or .. alone (it names one folder)",
 )
 _SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
 
