@@ -50,7 +50,7 @@ def test_command_line_values_reach_the_config(train_cfg) -> None:
     [
         ("resume=maybe", "resume"),
         ("run_name=a/b", "run_name"),
-        ("run_name=" + "é" * 101, "run_name"),  # 202 bytes: past what a file system takes, with room
+        ("run_name='" + "é" * 101 + "'", "run_name"),  # 202 bytes: past what a file system takes, with room
         ("callbacks.nonfinite.action=ignore", "callbacks.nonfinite.action"),
         ("callbacks.exact_resume.signals=[SIGKILL]", "callbacks.exact_resume.signals"),
         ("callbacks.exact_resume.check_every_n_steps=0", "callbacks.exact_resume.check_every_n_steps"),
