@@ -33,7 +33,7 @@ NAMED = {
     "NoOptimizers": "configure_optimizers",
     "OptimizersString": "configure_optimizers",
     "ForwardRaises": "forward",
-    "NoValLoader": "monitor.metric",
+    "NoValLoader": "val/acc",  # Lightning's EarlyStopping line: it names the metrics there are
     "NoTestLoader": "test_dataloader",
     "NoTrainLoader": "train_dataloader",
 }

@@ -105,10 +105,9 @@ def consumers(cfg: DictConfig) -> dict[str, Any]:
 
 class ChecksMonitor:
     """For EarlyStopping and ModelCheckpoint: their monitor, checked once there is something logged to find it
-    in (after the sanity check; a training metric, or a run without validation (no validation_step or no
-    validation batches), at the first epoch's end), before the callback reads it: one line naming
-    monitor.metric and what the module logs. Lightning's own checks come at the first save, an epoch in, as
-    a traceback, or not at all."""
+    in (after the sanity check; a training metric, or a module without a validation_step, at the first
+    epoch's end), before the callback reads it: one line naming monitor.metric and what the module logs.
+    Lightning's own checks come at the first save, an epoch in, as a traceback, or not at all."""
 
     monitor: str | None
     mode: str
@@ -125,8 +124,9 @@ class ChecksMonitor:
         super().on_validation_end(trainer, pl_module)  # type: ignore[misc]
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        unvalidated = not is_overridden("validation_step", pl_module) or not sum(trainer.num_val_batches)
-        if self.monitor and (self.monitor.startswith("train") or unvalidated):
+        if self.monitor and (
+            self.monitor.startswith("train") or not is_overridden("validation_step", pl_module)
+        ):
             self._check_logged(trainer)
         super().on_train_epoch_end(trainer, pl_module)  # type: ignore[misc]
 
