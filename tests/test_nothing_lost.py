@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import pickle
 import re
 import shutil
@@ -195,9 +196,7 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(train_cfg, run_dir: Pat
     (run_dir / identity.RECORD_FILE).unlink()
     (run_dir / identity.RECORD_FILE).mkdir()
     code, line = _fails(lambda: train(train_cfg(*FIT)), capsys)
-    assert code == 2 and line.startswith(
-        f"error: cannot write {run_dir / identity.RECORD_FILE} (Is a directory)"
-    )
+    assert code == 2 and f"{run_dir / identity.RECORD_FILE} is a folder" in line, line
 
 
 def test_a_run_from_before_stored_identities_resumes_with_a_warning(train_cfg, run_dir: Path) -> None:
@@ -1037,3 +1036,63 @@ def test_a_bug_inside_a_constructor_keeps_its_traceback_and_bad_keys_are_one_lin
         build.instantiate({"_target_": "datetime.timedelta", "days": "x"}, "trainer.strategy.timeout")
     with pytest.raises(ConfigError, match=r"^trainer\.strategy\.timeout: .*dayz"):
         build.instantiate({"_target_": "datetime.timedelta", "dayz": 1}, "trainer.strategy.timeout")
+
+
+# A run's folder and its files are its own: never a link into another run's, a FIFO or a device
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _other_run(tmp_path: Path) -> Path:
+    other = tmp_path / "logs" / "train" / "runs" / "other"
+    (other / "checkpoints").mkdir(parents=True)
+    for name in ("summary.json", "run.json", "config_tree.txt", ".lock", "checkpoints/last.ckpt"):
+        (other / name).write_text(f"the other run's {name}")
+    return other
+
+
+def test_a_run_name_linked_to_another_runs_folder_is_refused_before_hydra_writes(tmp_path: Path) -> None:
+    """Every command: one line naming the link before Hydra makes the folder; the other run's files stay."""
+    other = _other_run(tmp_path)
+    (other.parent / "mine").symlink_to(other)
+    before = _snapshot(other)
+    with pytest.raises(ConfigError, match=r"runs/mine is a link .*run_name=<new name>"):
+        command_line(["run_name=mine"], tmp_path / "logs")
+    assert _snapshot(other) == before and not (other / ".hydra").exists()
+
+
+def test_a_read_only_run_folder_is_one_line_before_hydra_writes(tmp_path: Path, monkeypatch) -> None:
+    """As root the folder cannot be made read-only: this process is told it cannot write there."""
+    folder = tmp_path / "logs" / "export" / "runs" / "ro"
+    folder.mkdir(parents=True)
+    access = config.os.access
+    monkeypatch.setattr(config.os, "access", lambda p, mode: Path(p) != folder and access(p, mode))
+    with pytest.raises(ConfigError, match=f"{folder} is not a writable folder"):
+        command_line(["ckpt_path=x.ckpt", "run_name=ro"], tmp_path / "logs", "export")
+    assert not (folder / ".hydra").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("summary.json", lambda path, other: path.symlink_to(other / "summary.json")),
+        ("checkpoints", lambda path, other: path.symlink_to(other / "checkpoints")),
+        (".lock", lambda path, other: path.symlink_to(other / ".lock")),
+        ("config_tree.txt", lambda path, other: os.mkfifo(path)),
+    ],
+)
+def test_a_file_of_the_run_linked_out_of_its_folder_or_a_fifo_is_refused(
+    train_cfg, run_dir: Path, tmp_path: Path, capsys, name, make
+) -> None:
+    """In place of a file the run writes: one line naming it, before the run writes anything of its own
+    (a FIFO would hang the write); the other run's files byte for byte as they were."""
+    other = _other_run(tmp_path)
+    run_dir.mkdir(parents=True)
+    make(run_dir / name, other)
+    before = _snapshot(other)
+    code, line = _fails(lambda: train(train_cfg(*FIT)), capsys)
+    assert code == 2 and f"{run_dir / name} is " in line, line
+    assert _snapshot(other) == before
+    assert {p.name for p in run_dir.iterdir()} == {name}

@@ -182,15 +182,23 @@ def validate_common(cfg: DictConfig) -> None:
     validate_writable(cfg)
 
 
-def validate_writable(cfg: DictConfig) -> None:
-    """Fail before training, not at the first checkpoint an hour later."""
+def validate_writable(cfg: DictConfig, run_dir: Path | None = None) -> None:
+    """Fail before training, not at the first checkpoint an hour later: `paths.log_dir` and, where given
+    (before Hydra makes it), the run's folder are folders this process can write; the run's folder is no
+    link (a run name linked to another run's folder: Hydra's files and the run's would go into that one)."""
     folder = Path(str(OmegaConf.select(cfg, "paths.log_dir", default="logs")))
-    existing = next((p for p in (folder, *folder.resolve().parents) if p.exists()), None)
-    if existing is not None and not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+    if run_dir is not None and run_dir.is_symlink():
         raise ConfigError(
-            f"paths.log_dir={folder} cannot be written ({existing} is not a writable folder): "
-            "choose a folder you can write to, e.g. paths.log_dir=$HOME/lightspeed-logs"
+            f"the run folder {run_dir} is a link (to {run_dir.resolve()}): a run writes only in its own "
+            "folder; remove the link (the files it leads to are kept), or run_name=<new name>"
         )
+    for path in (folder, run_dir) if run_dir is not None else (folder,):
+        existing = next((p for p in (path, *path.resolve().parents) if p.exists()), None)
+        if existing is not None and not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+            raise ConfigError(
+                f"paths.log_dir={folder} cannot be written ({existing} is not a writable folder): make it "
+                "writable, or choose a folder you can write to, e.g. paths.log_dir=$HOME/lightspeed-logs"
+            )
 
 
 def flatten(node: Any, sep: str = ".", prefix: str = "") -> dict[str, Any]:

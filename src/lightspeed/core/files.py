@@ -67,6 +67,24 @@ def read_json(path: Path, within: Path | None = None) -> Any:
         return None
 
 
+def not_own(path: Path, within: Path, folder: bool = False) -> str | None:
+    """Why `path`, a file (a folder where `folder`) that a run keeps in `within`, is none the engine may write
+    through or read: a link out of `within` (another run's file would be written over), a FIFO (a writer or
+    a reader would wait for ever), a device, a folder where a file goes or a file where a folder goes. None
+    where it is absent or fine. Checks only: an atomic write (below) replaces a link rather than follow it."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        if not path.resolve().is_relative_to(within.resolve()):
+            return f"a link out of {within} (to {path.resolve()})"
+        mode = path.stat().st_mode
+    except (OSError, RuntimeError) as err:  # a broken link or a loop of links
+        return f"a link that cannot be followed ({getattr(err, 'strerror', None) or err})"
+    if folder:
+        return None if stat.S_ISDIR(mode) else "not a folder"
+    return None if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+
+
 def write_text_atomically(path: Path, text: str) -> None:
     """`text` into `path` whole or not at all: a temporary file of this process beside it, then a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)

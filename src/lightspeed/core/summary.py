@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,8 @@ def config_tree(config: dict[str, Any], run_dir: Path, show: bool = True) -> Non
         tree.add(f"[bold]{name}[/bold]").add(
             Syntax(text, "yaml", theme="ansi_dark", background_color="default")
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / CONFIG_TREE_FILE).open("w") as f:
-        Console(file=f, width=110, no_color=True, force_terminal=False).print(tree)
+    text = io.StringIO()
+    Console(file=text, width=110, no_color=True, force_terminal=False).print(tree)
+    write_text_atomically(run_dir / CONFIG_TREE_FILE, text.getvalue())  # never through a link or a FIFO
     if show:
         Console().print(tree)

@@ -17,12 +17,21 @@ from typing import IO
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+from lightspeed.core.config import ConfigError
+from lightspeed.core.files import not_own
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; runs are not locked there
     fcntl = None  # type: ignore[assignment]
 
 LOCK_FILE = ".lock"
+#: What a run keeps in its folder ({name: whether a folder}): each checked before the run writes any of them.
+OWN = {
+    **dict.fromkeys(("summary.json", "run.json", "speed.json", "curves.json", "curves.png"), False),
+    **dict.fromkeys(("config_tree.txt", "tracking.json", "search.json", "study.db", LOCK_FILE), False),
+    **dict.fromkeys(("checkpoints", "trials", "csv", "tensorboard", "wandb", "mlruns"), True),
+}
 #: The run folders whose lock this process took (a refused start may then remove its lock file).
 TAKEN: set[Path] = set()
 
@@ -32,6 +41,7 @@ def held(run_dir: Path) -> Iterator[None]:
     """Hold the run folder's lock for the block, or raise ConfigError naming its holder. Only the first
     process of a run locks: under DDP, Lightning starts the other ranks into the same folder later, and
     they (and the other nodes' ranks) are the same run."""
+    check_own(run_dir)
     if fcntl is None or not first_process():
         yield
         return
@@ -47,6 +57,24 @@ def first_process() -> bool:
     """Global rank 0: not a rank Lightning, torchrun or SLURM started beside it, nor another node's first."""
     node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
     return rank_zero_only.rank == 0 and node == "0"
+
+
+def check_own(run_dir: Path) -> None:
+    """A ConfigError where the run folder, or a file the run keeps in it (`OWN`), is a link to elsewhere (a
+    run name linked to another run's folder: that run's files would be written over), a FIFO or a device,
+    or not the kind the run writes: refused before the run writes anything of its own."""
+    if run_dir.is_symlink():
+        found = f"{run_dir} is a link (to {run_dir.resolve()})"
+    else:
+        found = next(
+            (f"{run_dir / n} is {why}" for n, d in OWN.items() if (why := not_own(run_dir / n, run_dir, d))),
+            "",
+        )
+    if found:
+        raise ConfigError(
+            f"{found}: a run writes only its own files, in its own folder; remove it (another run's files "
+            "are kept where they are), or run_name=<new name>"
+        )
 
 
 def acquire(run_dir: Path) -> IO[str]:

@@ -30,6 +30,7 @@ from lightspeed.core.config import (
     check_retired,
     exit_on_config_error,
     known_groups,
+    validate_writable,
 )
 from lightspeed.core.failures import process_group_released
 from lightspeed.core.logs import route_to_run_log
@@ -122,7 +123,7 @@ class Checks(Callback):
     (`build.instantiate`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _check(config)
+        _check(config, Path(str(config.hydra.run.dir)))
         folder = Path(str(config.hydra.run.dir)).resolve()
         (NEW_FOLDERS.discard if folder.exists() else NEW_FOLDERS.add)(folder)  # as it is at this start
         subdir = config.hydra.get("output_subdir")
@@ -133,8 +134,9 @@ class Checks(Callback):
         _check(config)
 
 
-def _check(config: DictConfig) -> None:
+def _check(config: DictConfig, run_dir: Path | None = None) -> None:
     try:
+        validate_writable(config, run_dir)  # a read-only log folder, a run folder linked to another's
         check_folder_names(config)
         check_known_keys(config, str(config.hydra.job.config_name))
         for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
