@@ -10,6 +10,7 @@ FUZZ_SEED=<n> draws another), the slow suite the rest: every case once between t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import io
@@ -17,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from omegaconf import OmegaConf
 
 from conftest import TINY
 from lightspeed.core.config import exit_on_config_error
+from lightspeed.run.entry import compose_config
 
 #: What a value in a record might become.
 HOSTILE: list[Any] = [
@@ -178,8 +181,9 @@ def study_cases(text: bytes, seed: int) -> list[tuple[str, bytes]]:
     return cases
 
 
-def outcome(read: Callable[[], Any], capsys) -> None:
-    """`read` returns, or ends in one line: a ConfigError (exit 2), or an `error: ...` exit of its own."""
+def outcome(read: Callable[[], Any], capsys) -> bool:
+    """`read` returns (False), or ends in one line (True): a ConfigError (exit 2), or an `error: ...` exit of
+    its own."""
     try:
         with exit_on_config_error():
             read()
@@ -192,6 +196,8 @@ def outcome(read: Callable[[], Any], capsys) -> None:
         assert len([e for e in err if e.startswith("error: ")]) == 1 and "Traceback" not in "\n".join(err), (
             err
         )
+        return True
+    return False
 
 
 def _readers(logs: Path, surface: str) -> list[Callable[[], Any]]:
@@ -314,3 +320,139 @@ def test_every_other_mutated_record_ends_in_a_result_or_one_line(
     surface, index, runs, shards, study, tmp_path, capsys
 ) -> None:
     check(surface, index, runs, shards, study, tmp_path, capsys)
+
+
+# The same files in other shapes: a FIFO, a folder, a link out of the run's folder (to a sound file of the
+# same kind), emptied, torn, and larger than any the engine reads. Each, through what reads it (a rerun of
+# train with resume=auto as far as its plan, eval's `ckpt_path=latest`, `make compare`, a search rerun, the
+# end of a sweep), ends in a correct result or one line: never a hang, a traceback, a write through the link.
+
+SHAPES: dict[str, Callable[[Path, bytes], None]] = {
+    "fifo": lambda path, text: os.mkfifo(path),
+    "folder": lambda path, text: path.mkdir(),
+    "link out": lambda path, text: path.symlink_to(_elsewhere(path, text)),
+    "empty": lambda path, text: path.write_bytes(b""),
+    "torn": lambda path, text: path.write_bytes(text[: len(text) // 2]),
+    "huge": lambda path, text: path.write_bytes(text + b" " * (16 * 2**20)),  # valid JSON, too large
+}
+SHAPED = ["summary.json", "run.json", "curves.json", "speed.json", "study.db", "sweep row"]
+
+
+def _elsewhere(path: Path, text: bytes) -> Path:
+    """A sound copy of the file outside the folder it belongs to (another run's, say)."""
+    out = path.parents[4] / "elsewhere" / path.name
+    out.parent.mkdir(exist_ok=True)
+    out.write_bytes(text)
+    return out
+
+
+@contextlib.contextmanager
+def _no_hang(seconds: int = 60) -> Iterator[None]:
+    """A reader still waiting after `seconds` (on a FIFO) fails the test rather than hanging it."""
+
+    def stuck(*_: Any) -> None:
+        raise AssertionError(f"still waiting after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _shape_readers(logs: Path, name: str) -> list[Callable[[], Any]]:
+    """What reads the file as a command does: a train rerun's plan (its lock, its files checked, resume), and
+    `_readers`' commands; a search rerun; a sweep's end."""
+    from lightspeed.train import Run
+
+    if name == "sweep row":
+        from lightspeed.run import sweep_rows
+
+        cfg = OmegaConf.create({"paths": {"log_dir": str(logs)}, "task_name": "train"})
+        return [lambda: sweep_rows.end(logs / "rows", cfg)]
+    if name == "study.db":
+        return _readers(logs, "study.db")
+    run_a = logs / "train" / "runs" / "a"
+    rerun = compose_config(
+        "train", [*TINY, "run_name=a", f"paths.output_dir={run_a}", "print_config=false"], logs
+    )
+
+    def plan() -> None:
+        with Run(rerun):
+            pass
+
+    readers = [plan]
+    if name in ("summary.json", "curves.json"):
+        readers += _readers(logs, name)
+    return readers
+
+
+def check_shape(name: str, shape: str, runs: Path, study: Path | None, tmp_path, capsys) -> None:
+    logs = tmp_path / "logs"
+    shutil.copytree(runs, logs)
+    target = logs / "train" / "runs" / "a" / name
+    if name == "study.db":
+        if study is None:
+            pytest.skip("hparams_search needs the search extra (make install EXTRAS=dev,search)")
+        target = shutil.copytree(study, logs / "search") / "study.db"
+    if name == "sweep row":
+        from hydra.core.utils import JobReturn, JobStatus
+
+        from lightspeed.run import sweep_rows
+
+        job = JobReturn(overrides=["seed=1"], status=JobStatus.COMPLETED, _return_value=0.5)
+        (logs / "rows").mkdir()
+        for number in (0, 1):
+            row = json.dumps(sweep_rows._row(logs / "train" / "runs" / "ab"[number], job))
+            (logs / "rows" / f"{number}.json").write_text(row)
+        target = logs / "rows" / "1.json"
+    text = target.read_bytes()
+    target.unlink()
+    SHAPES[shape](target, text)
+    other = {p: p.read_bytes() for p in (logs / "train" / "runs" / "b").rglob("*") if p.is_file()}
+    capsys.readouterr()
+    refused = []
+    for read in _shape_readers(logs, name):
+        try:
+            with _no_hang():
+                refused.append(outcome(read, capsys))
+        except AssertionError as failed:
+            raise AssertionError(f"{name} as {shape}: {failed}") from None
+    if shape in ("fifo", "folder", "link out") and name != "sweep row":  # not written through, nor waited on
+        assert refused[0], f"{name} as {shape}: the rerun (or the search) went on"
+    if (name, shape) == ("summary.json", "link out"):  # make compare: not another folder's figures
+        assert refused[-1], "make compare read a summary.json through a link out of its run's folder"
+    if shape == "link out":
+        assert _elsewhere(target, text).read_bytes() == text  # nothing written through it
+    assert {p: p.read_bytes() for p in other} == other  # the other run's files as they were
+    if name == "sweep row":  # every shape here is no row as written: left out, and said
+        assert "1.json" in capsys.readouterr().err
+
+
+SHAPE_CASES = [(name, shape) for name in SHAPED for shape in SHAPES]
+SHAPE_SAMPLE = [
+    ("summary.json", "link out"),
+    ("run.json", "fifo"),
+    ("curves.json", "huge"),
+    ("sweep row", "torn"),
+]
+
+
+@pytest.mark.parametrize(("name", "shape"), SHAPE_SAMPLE, ids=[f"{n}-{s}" for n, s in SHAPE_SAMPLE])
+def test_a_sample_of_records_in_other_shapes_ends_in_a_result_or_one_line(
+    name, shape, runs, study, tmp_path, capsys
+) -> None:
+    check_shape(name, shape, runs, study, tmp_path, capsys)
+
+
+SHAPE_REST = [c for c in SHAPE_CASES if c not in SHAPE_SAMPLE]
+
+
+@pytest.mark.slow  # the shapes the sample above did not run
+@pytest.mark.parametrize(("name", "shape"), SHAPE_REST, ids=[f"{n}-{s}" for n, s in SHAPE_REST])
+def test_every_other_record_in_another_shape_ends_in_a_result_or_one_line(
+    name, shape, runs, study, tmp_path, capsys
+) -> None:
+    check_shape(name, shape, runs, study, tmp_path, capsys)

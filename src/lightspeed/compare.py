@@ -33,10 +33,10 @@ def find(run: str, log_dir: Path) -> Path:
 
 
 def _summary(run_dir: Path) -> dict[str, Any]:
-    found = read_json(run_dir / SUMMARY_FILE)
-    if found is None:
+    found = read_json(run_dir / SUMMARY_FILE, within=run_dir)  # not through a link out of the run's folder
+    if not isinstance(found, dict):
         raise SystemExit(f"error: RUNS: {run_dir}/{SUMMARY_FILE} cannot be read: rerun that run")
-    return found if isinstance(found, dict) else {}
+    return found
 
 
 def table(runs: dict[str, dict[str, Any]]) -> Table:

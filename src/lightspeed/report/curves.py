@@ -24,7 +24,7 @@ SAVE_EVERY_S = 10.0  # between writes at logging steps; each checkpoint and the 
 def load(run_dir: Path) -> dict[str, list[list[float]]]:
     """{metric: [[step, value], ...]} as a run folder keeps it; {} for none or a torn file (data: read with
     care, only numbers pass)."""
-    found = read_json(run_dir / CURVES_FILE)
+    found = read_json(run_dir / CURVES_FILE, within=run_dir)
 
     def pair(p: Any) -> bool:
         return isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) for x in p)

@@ -88,7 +88,7 @@ def register_resolver() -> None:
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
     """The run's stored identity, or None for a run from before Lightspeed kept one (or a broken file)."""
-    record = read_json(run_dir / RECORD_FILE)
+    record = read_json(run_dir / RECORD_FILE, within=run_dir)
     return record if isinstance(record, dict) and isinstance(record.get("config"), dict) else None
 
 

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightspeed import CONF_DIRS
 from lightspeed.core import summary
 from lightspeed.core.config import ConfigError, locate, plain
-from lightspeed.core.files import read_json
+from lightspeed.core.files import read_json, read_regular
 from lightspeed.resilience import checkpoint, verify
 from lightspeed.resilience.identity import MODEL_CONFIG_KEY
 from lightspeed.resilience.resume_from import check_checkpoint_path
@@ -117,7 +117,7 @@ def find_checkpoint(ckpt_path: str, log_dir: Path) -> Path:
 
 def _best_of(summary_file: Path) -> Path | None:
     """The best checkpoint a run's summary names, in the folder the summary is in now (a moved run)."""
-    record = read_json(summary_file)  # None when torn, unreadable, not JSON: not a run to evaluate
+    record = read_json(summary_file, within=summary_file.parent)  # None: torn, not JSON, a link out...
     best = record.get("best_checkpoint") if isinstance(record, dict) else None
     if not isinstance(best, str) or not best:
         return None
@@ -228,11 +228,11 @@ def ran(ckpt: Path, log_dir: Path) -> str:
 
     folder = ckpt.resolve().parent.parent
     overrides = folder / ".hydra" / "overrides.yaml"
-    if not folder.is_relative_to(log_dir.resolve()) or not overrides.is_file():
+    if not folder.is_relative_to(log_dir.resolve()):
         return ""
-    try:  # a regular file, a few kB at most: a run's own record, not a FIFO or a device
-        found = yaml.safe_load(overrides.read_text()[:65536])
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    try:  # a regular file in the run's folder, a few kB at most: not a FIFO, a device or a link out
+        found = yaml.safe_load(read_regular(overrides, within=folder, most=65536).decode())
+    except (ValueError, yaml.YAMLError):  # RefusedFile, UnicodeDecodeError
         return ""
     return "\n".join(o for o in found if isinstance(o, str)) if isinstance(found, list) else ""
 

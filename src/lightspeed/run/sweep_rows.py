@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def add(rows_dir: Path, config: DictConfig, job_return: JobReturn) -> None:
 def end(rows_dir: Path, config: DictConfig) -> None:
     """The jobs' rows read (and their folder removed), and shown as the sweep's table."""
     files = sorted(rows_dir.glob("[0-9]*.json"), key=lambda f: int(f.stem))
-    rows = [json.loads(f.read_text()) for f in files]
+    rows = [row for f in files if (row := _read_row(f, rows_dir)) is not None]
     shutil.rmtree(rows_dir, ignore_errors=True)
     if not rows:
         return
@@ -52,9 +53,9 @@ def end(rows_dir: Path, config: DictConfig) -> None:
 def _row(run_dir: Path, job_return: JobReturn) -> dict[str, Any]:
     """A job's row: its overrides, run, status, score and the monitor that scored it (as the job settled it),
     and its validation and test metrics (none where its summary is missing)."""
-    record = read_json(run_dir / SUMMARY_FILE) or {}
-    metrics = record.get("metrics", {})
-    settled = (record.get("config") or {}).get("monitor") or {}
+    record = _mapping(read_json(run_dir / SUMMARY_FILE, within=run_dir))
+    metrics = _mapping(record.get("metrics"))
+    settled = _mapping(_mapping(record.get("config")).get("monitor"))
     failed = job_return.status != JobStatus.COMPLETED
     return {
         "overrides": list(job_return.overrides or []),
@@ -64,3 +65,34 @@ def _row(run_dir: Path, job_return: JobReturn) -> dict[str, Any]:
         "monitor": (settled.get("metric"), settled.get("mode")),
         "metrics": {k: v for k, v in metrics.items() if k.startswith(("val/", "test/")) and "@" not in k},
     }
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _strings(value: Any, length: int | None = None) -> bool:
+    """A list of strings (None among them where `length` is given: the monitor's pair)."""
+    ok = isinstance(value, list) and (length is None or len(value) == length)
+    return ok and all(isinstance(v, str) or (length is not None and v is None) for v in value)
+
+
+#: What `add` writes each key of a row as: a row of another shape is left out, with a line.
+ROW = {
+    "overrides": _strings,
+    "run": lambda v: isinstance(v, str),
+    "status": lambda v: isinstance(v, str),
+    "score": lambda v: v is None or isinstance(v, (int, float)),
+    "monitor": lambda v: _strings(v, 2),
+    "metrics": lambda v: isinstance(v, dict),
+}
+
+
+def _read_row(path: Path, rows_dir: Path) -> dict[str, Any] | None:
+    """A job's row as `add` wrote it; None, and a line naming it, for one that is not (torn, emptied, a FIFO,
+    a link out of the sweep's folder, edited): the table shows the other jobs, and says it lacks this one."""
+    row = read_json(path, within=rows_dir)
+    if isinstance(row, dict) and ROW.keys() <= row.keys() and all(ok(row[k]) for k, ok in ROW.items()):
+        return row
+    print(f"sweep: {path} is no job's row as written (torn, edited, not a file): left out", file=sys.stderr)
+    return None
