@@ -4,6 +4,7 @@ run was trained with, and optionally write predictions (computed under inference
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from lightspeed.core import summary
 from lightspeed.core.boundary import phase
 from lightspeed.core.config import ConfigError, exit_on_config_error, validate_common
 from lightspeed.core.failures import exit_on_failure
+from lightspeed.core.files import write_text_atomically
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.core.schema import SCHEMA
 from lightspeed.data.base import ArrayDataModule
@@ -281,13 +283,13 @@ def _write_predictions(batches: list[Any], path: Path, class_names: list[str] | 
     """One row per sample, a column per entry of what `predict_step` returns (a dict of tensors, or one
     tensor: `pred`), in order; a row of numbers (a sequence's tokens) is one column of space-separated values.
     `target` and `pred` get the class names beside them where the run's data named its classes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     columns = _columns(batches, class_names is not None)
     rows = len(next(iter(columns.values()))) if columns else 0
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["index", *columns])
-        writer.writerows([i, *(_cell(k, v[i], class_names) for k, v in columns.items())] for i in range(rows))
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(["index", *columns])
+    writer.writerows([i, *(_cell(k, v[i], class_names) for k, v in columns.items())] for i in range(rows))
+    write_text_atomically(path, text.getvalue())  # in place of a link or a FIFO there, never through it
     return path
 
 

@@ -22,6 +22,7 @@ from rich.table import Table
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightspeed.core import device as device_facts
+from lightspeed.core.files import write_text_atomically
 from lightspeed.speed.accel import compiled_frames
 
 SPEED_FILE = "speed.json"
@@ -244,7 +245,7 @@ class SpeedReport(L.Callback):
         r = self.report
         run_dir = Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / SPEED_FILE).write_text(json.dumps(r, indent=2) + "\n")
+        write_text_atomically(run_dir / SPEED_FILE, json.dumps(r, indent=2) + "\n")
         metrics = {f"speed/{k}": float(v) for k, v in r.items() if isinstance(v, (int, float))}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
