@@ -38,7 +38,6 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
         ("trainer.profiler=bogus", "trainer.profiler=bogus: When passing string value for the `profiler`"),
     ],
 )
-@pytest.mark.slow  # 5-9 s on 2 cores: make test stays within 4 minutes
 def test_a_value_lightning_refuses_is_its_own_line_naming_the_key_and_leaves_no_folder(
     tmp_path: Path, override: str, line: str
 ) -> None:
@@ -282,7 +281,6 @@ def test_make_puts_multirun_before_the_overrides() -> None:
     ), line
 
 
-@pytest.mark.slow  # 5-9 s on 2 cores: make test stays within 4 minutes
 def test_make_names_the_programs_exit_code_and_its_meaning() -> None:
     proc = make("train", "foo=bar")
     assert proc.returncode == 2  # make's own, whatever the program's

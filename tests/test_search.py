@@ -74,7 +74,6 @@ def test_a_search_killed_after_two_trials_and_rerun_ends_as_an_uninterrupted_one
     assert len(_result(logs)["trials"]) == 5  # no trial added
 
 
-@pytest.mark.slow  # 5-9 s on 2 cores: make test stays within 4 minutes
 def test_a_search_space_entry_that_is_no_range_or_choice_is_one_line(tmp_path: Path) -> None:
     proc = run_module(
         "lightspeed.train",
@@ -91,7 +90,6 @@ def test_a_search_space_entry_that_is_no_range_or_choice_is_one_line(tmp_path: P
     )
 
 
-@pytest.mark.slow  # 5-9 s on 2 cores: make test stays within 4 minutes
 def test_a_search_over_a_multi_process_trainer_is_one_line(tmp_path: Path) -> None:
     """Lightning relaunches the command for each extra rank: each would run its own search."""
     proc = run_module(

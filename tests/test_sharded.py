@@ -93,7 +93,6 @@ def test_checkpoints_are_folders_that_check_out_resume_and_become_one_file(
     )
 
 
-@pytest.mark.slow  # 5-9 s on 2 cores: make test stays within 4 minutes
 def test_a_preempted_run_resumes_from_its_sharded_checkpoint_bit_identical(train_cfg, tmp_path: Path) -> None:
     """SIGTERM after step 7 (mid second epoch): saved as a folder; the rerun restores weights, optimizer
     states, loop position and the data order from it and ends with an uninterrupted run's weights."""

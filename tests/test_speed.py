@@ -379,7 +379,6 @@ def test_last_checkpoint_cadence_follows_rank_zero_s_clock(
     assert saved == ([5] if rank_zero_says else [])
 
 
-@pytest.mark.slow  # 5-9 s on 2 cores: make test stays within 4 minutes
 def test_empty_per_batch_hooks_are_not_called_and_implemented_ones_are(train_cfg, run_dir: Path) -> None:
     """Lightning profiles every hook call, done or not: the profiler's own record shows which ran."""
     from lightning.pytorch.callbacks import LearningRateMonitor

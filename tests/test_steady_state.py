@@ -45,7 +45,6 @@ def test_no_host_sync_in_a_step_that_does_not_log(train_cfg, preset: list[str]) 
     assert any(b in counter.logging_batches for b in counter.events)
 
 
-@pytest.mark.slow  # 5-9 s on 2 cores: make test stays within 4 minutes
 def test_the_sync_count_catches_a_loss_item_in_the_step(train_cfg) -> None:
     unexpected, counter = unexpected_syncs(train_cfg, "model._target_=probes.ReadsLoss")
     assert len(unexpected) == counter.batches - len(counter.logging_batches | counter.epoch_edges)
@@ -66,7 +65,6 @@ def _compiles(train_cfg, *overrides: str) -> CompileProbe:
     return probe
 
 
-@pytest.mark.slow  # 5-9 s on 2 cores: make test stays within 4 minutes
 def test_a_compiled_run_compiles_the_training_forward_once(train_cfg) -> None:
     probe = _compiles(train_cfg)
     assert len(probe.train) == 3 * 19  # drop_last: every epoch 19 full batches, the partial one left out
@@ -84,7 +82,6 @@ NO_VAL = [
 ]
 
 
-@pytest.mark.slow  # 5-9 s on 2 cores: make test stays within 4 minutes
 def test_a_partial_last_batch_recompiles_the_training_forward(train_cfg) -> None:
     """What data.drop_last=true prevents: the shape guard fails at the epoch's last batch."""
     probe = _compiles(train_cfg, "data.drop_last=false", *NO_VAL)
