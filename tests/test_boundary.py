@@ -18,7 +18,6 @@ def _errors(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("error: ")]
 
 
-@pytest.mark.slow  # 7-8 s on 2 cores: make test stays within 4 minutes
 def test_a_bug_in_the_fit_is_one_line_naming_the_fit_and_its_traceback_is_in_the_log(tmp_path: Path) -> None:
     """A real run whose callback raises at step 2, as a user runs it."""
     run = tmp_path / "run"

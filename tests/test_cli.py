@@ -167,7 +167,6 @@ def test_each_rank_process_draws_its_own_random_numbers_from_seed_plus_rank() ->
     assert first == again  # and are a function of the seed and the rank alone
 
 
-@pytest.mark.slow  # 7-8 s on 2 cores: make test stays within 4 minutes
 def test_multirun_sweeps_two_jobs(tmp_path: Path) -> None:
     proc = run_module(
         "lightspeed.train",

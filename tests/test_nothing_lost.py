@@ -270,7 +270,6 @@ def test_debug_runs_write_no_checkpoint_and_resume_none(train_cfg, run_dir: Path
 # 2. One folder, one writer
 
 
-@pytest.mark.slow  # 7-8 s on 2 cores: make test stays within 4 minutes
 def test_a_locked_run_folder_is_refused_naming_its_holder_and_a_dead_holders_lock_is_taken(
     train_cfg, run_dir: Path, capsys
 ) -> None:

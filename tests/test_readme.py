@@ -19,7 +19,6 @@ def test_the_readme_is_short() -> None:
     assert len(README.splitlines()) <= 200
 
 
-@pytest.mark.slow  # 7-8 s on 2 cores: make test stays within 4 minutes
 def test_the_first_change_is_an_experiment_that_composes_as_written(tmp_path: Path) -> None:
     yaml = re.search(r"`conf/experiment/digits_wide\.yaml`:\n\n```yaml\n(.*?)```", README, re.S)[1]
     conf = tmp_path / "conf"
