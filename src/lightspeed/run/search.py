@@ -289,10 +289,10 @@ def _report(study: Any, folder: Path) -> float | None:
 
 def _none_scored(study: Any) -> None:
     """No trial scored: where each of them failed, the search failed too (exit 2 where every trial was
-    refused a setting, else 3); else (none finished before `timeout_s`) the same command continues it."""
+    refused a setting, else 3); else (pruned, or none finished before `timeout_s`) a line and no score."""
     failed = [t.user_attrs.get("failed") for t in study.trials if t.state.name == "FAIL"]
     if not failed or len(failed) < len(study.trials):
-        print("hparams_search: no trial finished with a score yet: the same command continues the search")
+        print("hparams_search: no trial finished with a score (pruned, or cut short by timeout_s)")
         return None
     print("error: hparams_search: every trial failed (each trial's own line says why)", file=sys.stderr)
     raise SystemExit(
