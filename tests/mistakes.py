@@ -77,6 +77,11 @@ class TestRaises(Classifier):
         raise ValueError("a bug in test_step")
 
 
+class TestLogsString(Classifier):
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("test/name", "abc")
+
+
 class NoOptimizers(Classifier):
     configure_optimizers = BASE.configure_optimizers
 
@@ -116,6 +121,6 @@ class EmptyTrainLoader(DigitsDataModule):
 MODULES = [
     StepReturnsNone, StepReturnsString, StepReturnsDictWithoutLoss, StepReturnsVector, StepLogsString,
     StepLogsVector, StepRaises, NoTrainingStep, NoValidationStep, ValidationRaises, ValidationLogsString,
-    NoTestStep, TestRaises, NoOptimizers, OptimizersNone, OptimizersString, ForwardRaises,
+    NoTestStep, TestRaises, TestLogsString, NoOptimizers, OptimizersNone, OptimizersString, ForwardRaises,
 ]  # fmt: skip
 DATA = [NoValLoader, NoTestLoader, NoTrainLoader, EmptyTrainLoader]

@@ -1,7 +1,7 @@
 """Modules and data with each common mistake (tests/mistakes.py), trained as `make train model._target_=...`
 runs them (inside the command's failure boundary): each ends in a run or in one line naming the hook or
-phase, exit 2 or 3, never a traceback or a hang; a missing hook that only the test after the fit needs is
-refused before the fit. A fixed-seed sample runs in the fast suite, every case in the slow one."""
+phase, exit 2 or 3, never a traceback or a hang; a missing or failing hook that only the test after the fit
+runs is refused before the fit. A fixed-seed sample runs in the fast suite, every case in the slow one."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ NAMED = {
     "ValidationRaises": "validation_step",
     "ValidationLogsString": "self.log",
     "NoTestStep": "test_step",
-    "TestRaises": "make eval",
+    "TestRaises": "test_step",
+    "TestLogsString": "self.log",
     "NoOptimizers": "configure_optimizers",
     "OptimizersString": "configure_optimizers",
     "ForwardRaises": "forward",
@@ -37,8 +38,8 @@ NAMED = {
     "NoTestLoader": "test_dataloader",
     "NoTrainLoader": "train_dataloader",
 }
-#: Refused before the fit (nothing trained): what only the test after the fit would have needed.
-BEFORE_FIT = {"NoTestStep", "NoTestLoader"}
+#: Refused before the fit (nothing trained): what only the test after the fit would have found.
+BEFORE_FIT = {"NoTestStep", "NoTestLoader", "TestRaises", "TestLogsString"}
 
 
 def check(case: str, tmp_path: Path, capsys) -> str:

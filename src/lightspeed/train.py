@@ -28,7 +28,7 @@ from lightspeed.core.failures import TrainingFailure, exit_on_failure, is_out_of
 from lightspeed.core.logs import silence_known_noise
 from lightspeed.report.curves import CurvesLogger
 from lightspeed.resilience import checkpoint, identity, lock, resume
-from lightspeed.run import build, monitor
+from lightspeed.run import build, monitor, testable
 from lightspeed.run.entry import hydra_entry, keep_hydra_files
 from lightspeed.speed import accel
 
@@ -197,7 +197,8 @@ class Run:
         """`trainer.fit`, from the checkpoint the plan resumes; first the accel preset applied to the module
         (channels_last, torch.compile) and the config printed and kept beside the run."""
         if self.cfg.get("test_after_fit", True):
-            check_testable(model, dm)
+            testable.check(model, dm)
+            testable.probe(trainer, model, dm)
         accel.apply_to_model(self.cfg, model)
         accel.report_idle(list(self.plan.idle), accel.device_type(self.cfg))
         keep_hydra_files()  # started in its folder: a later one-line error does not put back the old ones
@@ -307,18 +308,6 @@ class Run:
                 )
         best_metrics = getattr(trainer.checkpoint_callback, "best_metrics", {}) if best else {}
         return metrics | {f"{k}@best": v for k, v in best_metrics.items()}
-
-
-def check_testable(model: L.LightningModule, dm: L.LightningDataModule) -> None:
-    """`test_after_fit` tests once the whole fit is done: a module without `test_step`, or data without a
-    test loader, is one line before the fit, not an error after it."""
-    hooks = ((model, "test_step", L.LightningModule), (dm, "test_dataloader", L.LightningDataModule))
-    for owner, hook, base in hooks:
-        if getattr(getattr(owner, hook, None), "__func__", None) is getattr(base, hook):
-            raise ConfigError(
-                f"test_after_fit=true tests the best checkpoint after the fit, but {type(owner).__name__} "
-                f"has no {hook}: give it one, or set test_after_fit=false"
-            )
 
 
 def instantiate(node: DictConfig, **kwargs: Any) -> Any:
