@@ -45,7 +45,7 @@ def sees() -> list[tuple[Any, ...]]:
 
 
 def test_test_step_runs_once_before_the_fit_as_eval_tests_and_its_files_are_not_kept(
-    train_cfg, run_dir: Path, sees: list[tuple[Any, ...]], tmp_path: Path, monkeypatch
+    train_cfg, run_dir: Path, sees: list[tuple[Any, ...]], tmp_path: Path, monkeypatch, caplog
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
@@ -55,6 +55,7 @@ def test_test_step_runs_once_before_the_fit_as_eval_tests_and_its_files_are_not_
     assert [call[0] for call in tested] == [False, False]  # then the test after the fit, its 2 batches
     assert (run_dir / "tested.txt").read_text() == "3\n"  # the probe's line went with its folder
     assert not list((tmp_path / "tmp").iterdir())
+    assert caplog.text.count("GPU available") == 1  # the fit's Trainer says it; the probe's does not
 
 
 def test_the_probe_changes_nothing_of_the_run(train_cfg, tmp_path: Path, sees, monkeypatch) -> None:
