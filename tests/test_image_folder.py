@@ -216,23 +216,28 @@ def test_a_run_on_files_resumes_mid_epoch_bit_identically(train_cfg, folder: Pat
     assert_resumes_exactly(train_cfg, tmp_path, overrides, at=3, steps=14)  # 7 steps an epoch
 
 
+@pytest.mark.parametrize("where", ["blob/0.png", "stripes/2.png"])  # the first test batch of 8, the second
 def test_a_corrupt_test_image_ends_in_one_line_and_the_finished_fit_keeps_its_summary(
-    train_cfg, run_dir: Path, tmp_path: Path, capsys
+    train_cfg, run_dir: Path, tmp_path: Path, capsys, where: str
 ) -> None:
-    """The fit finishes; testing meets a file that does not decode: one line (exit 2), not a traceback, and
-    the fit's summary is already written, so `make eval ckpt_path=latest` finds its best checkpoint."""
+    """Testing meets a file that does not decode: one line (exit 2), not a traceback. In the first test
+    batch, which `test_after_fit` tries before the fit, nothing is trained; later, the fit has finished and
+    its summary is already written, so `make eval ckpt_path=latest` finds its best checkpoint."""
     from lightspeed.run.restore import find_checkpoint
 
     root = tmp_path / "split"
     image_folder(root / "train", per_class=12)
     image_folder(root / "test", per_class=3)
-    broken = root / "test" / "blob" / "0.png"
+    broken = root / "test" / where
     broken.write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really" * 10)
     with pytest.raises(SystemExit) as stop:
         train(train_cfg(*RUN, f"data.root={root}", "data.num_workers=0"))
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and "Traceback" not in err[0], err
     assert f"{broken} cannot be decoded as an image" in err[0]
+    if where.startswith("blob"):
+        assert not (run_dir / "summary.json").exists() and not list(run_dir.rglob("*.ckpt"))
+        return
     best = json.loads((run_dir / "summary.json").read_text())["best_checkpoint"]
     assert best and find_checkpoint("latest", tmp_path / "logs") == Path(best)
 
