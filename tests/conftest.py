@@ -11,12 +11,9 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-import torch
 from omegaconf import DictConfig
 
 from lightspeed.core.logs import silence_known_noise
-from lightspeed.run import entry
-from lightspeed.run.entry import compose_config
 from lightspeed.testing import QUIET
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,17 +21,26 @@ TESTS = Path(__file__).resolve().parent
 #: For copying conf/: leaves out what belongs to this machine and git ignores (conf/local/, make tune's file).
 MACHINE_FILES = shutil.ignore_patterns("local", "tuned.yaml")
 
-# Keep small runs small: tiny CPU runs are slower with many intra-op threads on a shared 2-core box, and
-# `make test` runs a pytest process per core (pytest-xdist): a thread each, then.
-torch.set_num_threads(1 if "PYTEST_XDIST_WORKER" in os.environ else min(2, torch.get_num_threads()))
 silence_known_noise()
 
 Compose = Callable[..., DictConfig]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _threads() -> None:
+    """Keep small runs small: tiny CPU runs are slower with many intra-op threads on a shared 2-core box,
+    and `make test` runs a pytest process per core (pytest-xdist): a thread each, then. (torch is imported
+    here and in the tests, not as this file loads: xdist's own process, which starts the others, runs none.)"""
+    import torch
+
+    torch.set_num_threads(1 if "PYTEST_XDIST_WORKER" in os.environ else min(2, torch.get_num_threads()))
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_state() -> Iterator[None]:
     """Runs change global torch flags (cudnn, matmul precision, RNG): leave each test as it found it."""
+    import torch
+
     benchmark, deterministic = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
     rng, matmul = torch.get_rng_state(), torch.get_float32_matmul_precision()
     yield
@@ -48,6 +54,8 @@ def _restore_torch_state() -> Iterator[None]:
 def train_cfg(tmp_path: Path) -> Compose:
     """`train_cfg("model=mlp", ...)`: a composed train config; its run directory is `run_dir`; downloaded
     data sets go to `tmp_path/data`, never into the checkout."""
+    from lightspeed.run.entry import compose_config
+
     return lambda *overrides: compose_config(
         "train", [data_dir_override(tmp_path), *overrides], tmp_path / "logs"
     )
@@ -56,6 +64,8 @@ def train_cfg(tmp_path: Path) -> Compose:
 @pytest.fixture
 def eval_cfg(tmp_path: Path) -> Compose:
     """An eval config; its run directory is `eval_dir`, and `ckpt_path=latest` looks in `run_dir`'s logs."""
+    from lightspeed.run.entry import compose_config
+
     return lambda *overrides: compose_config(
         "eval", [data_dir_override(tmp_path), *overrides], tmp_path / "logs"
     )
@@ -125,6 +135,8 @@ def command_line(
     """`python -m lightspeed.<config_name> <args>` in process: Hydra's one composition and the checks before
     any folder (`entry.run`), a ConfigError where the command line prints one line; then `task`, or the
     configs it would get (each job's, in a sweep). Hydra leaves the test's logging alone."""
+    from lightspeed.run import entry
+
     got: list[DictConfig] = []
     quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
     with mock.patch.object(sys, "argv", ["lightspeed", *args, f"paths.log_dir={log_dir}", *quiet]):
@@ -156,6 +168,8 @@ def assert_resumes_exactly(
 ) -> None:
     """A run stopped by SIGTERM after step `at` (it saves and exits) and run again ends with the very
     weights of an uninterrupted one, after `steps` steps: the loader continued where it stopped."""
+    import torch
+
     from lightspeed.train import train
     from probes import Fault
 

@@ -7,13 +7,14 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 
 from lightspeed import CONF_DIR, CONF_DIRS
+
+if TYPE_CHECKING:
+    from torch import nn
 
 #: What a test run of one batch leaves out: the bar, the summary tree, the curves picture.
 QUIET = [
@@ -35,6 +36,8 @@ def assert_device_agnostic(net: nn.Module, input_shape: Sequence[int], batch: in
     """A forward pass on the `meta` device: a tensor `forward` makes on a fixed device (`torch.ones(n)`,
     `device="cuda"`), or keeps as a plain attribute, not a buffer, fails there, as it would on a GPU or when
     DDP or `map_location` moves the net."""
+    import torch
+
     meta_net = copy.deepcopy(net).to("meta")
     x = torch.empty(batch, *input_shape, device="meta")
     try:
@@ -133,4 +136,4 @@ def _assert_one_finite_step(result: Any) -> None:
     assert math.isfinite(result.metrics[monitored]) and result.score == result.metrics[monitored]
     tested = {k: v for k, v in result.metrics.items() if k.startswith("test/")}
     assert monitored.replace("val/", "test/", 1) in tested and all(map(math.isfinite, tested.values()))
-    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+    assert all(p.isfinite().all() for p in result.model.parameters())
