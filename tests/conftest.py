@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -30,10 +34,52 @@ Compose = Callable[..., DictConfig]
 def _threads() -> None:
     """Keep small runs small: tiny CPU runs are slower with many intra-op threads on a shared 2-core box,
     and `make test` runs a pytest process per core (pytest-xdist): a thread each, then. (torch is imported
-    here and in the tests, not as this file loads: xdist's own process, which starts the others, runs none.)"""
+    here and in the tests, not as this file loads: xdist's own process, which starts the others, runs
+    none.)"""
     import torch
 
     torch.set_num_threads(1 if "PYTEST_XDIST_WORKER" in os.environ else min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _yaml_parsed_once() -> Iterator[None]:
+    """A test process composes a thousand configs from the same few dozen yaml files, and Hydra reads each
+    file again for each composition (half of its ~0.1 s). Here a regular file is read once for each
+    content it has had, and each composition gets its own copy of what was read."""
+    from importlib import resources
+
+    from hydra._internal.config_repository import ConfigRepository
+    from hydra.core.object_type import ObjectType
+
+    read = ConfigRepository.load_config
+    kept: dict[tuple[Any, ...], Any] = {}
+
+    def load(repo: ConfigRepository, config_path: str) -> Any:
+        source = repo._find_object_source(config_path=config_path, object_type=ObjectType.CONFIG)
+        try:
+            name = source._normalize_file_name(config_path)
+            file = os.path.join(source.path, name) if source.scheme() == "file" else None
+            if source.scheme() == "pkg":
+                file = os.fspath(resources.files(source.path).joinpath(name))
+            content = Path(file).read_bytes() if stat.S_ISREG(os.stat(file).st_mode) else None
+        except (AttributeError, OSError, TypeError):  # no source, not a file, a FIFO: as Hydra reads it
+            content = None
+        if content is None:
+            return read(repo, config_path)
+        key = (source.scheme(), source.path, source.provider, config_path, content)
+        if key not in kept:
+            kept[key] = read(repo, config_path)
+        got = kept[key]
+        return dataclasses.replace(
+            got,
+            config=copy.deepcopy(got.config),
+            header=dict(got.header),
+            defaults_list=copy.deepcopy(got.defaults_list),
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ConfigRepository, "load_config", load)
+        yield
 
 
 @pytest.fixture(autouse=True)
