@@ -6,6 +6,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
@@ -198,10 +199,17 @@ class Theme:
 
 
 class Thing:
-    """A constructor in a common idiom: a `None` default without Optional, a dataclass argument."""
+    """A constructor in a common idiom: a `None` default without Optional, a dataclass argument; and a hint
+    that cannot be a dict key (a Literal of a list)."""
 
-    def __init__(self, weights: str = None, theme: Theme | None = None, sizes: list[int] = (1,)) -> None:  # noqa: RUF013
-        self.weights, self.theme, self.sizes = weights, theme, sizes
+    def __init__(
+        self,
+        weights: str = None,  # noqa: RUF013
+        theme: Theme | None = None,
+        sizes: list[int] = (1,),
+        scale: Literal[[1, 2], 3] = 3,
+    ) -> None:
+        self.weights, self.theme, self.sizes, self.scale = weights, theme, sizes, scale
 
 
 @pytest.mark.parametrize(
@@ -212,6 +220,7 @@ class Thing:
         ({"sizes": [1, 2]}, None),
         ({"sizes": [1, "a"]}, "sizes"),  # inside a list: the parameter is named
         ({"weights": 3}, None),  # a number where a string goes: OmegaConf's str takes it
+        ({"scale": 3}, None),
     ],
 )
 def test_the_annotation_check_takes_what_the_constructor_takes(values: dict, refused_key: str | None) -> None:
