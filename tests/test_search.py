@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TESTS, run_module
+from conftest import TESTS, command_line, run_module
 from lightspeed.run.search import SEARCH_FILE
+from lightspeed.train import train_or_search
 
 pytest.importorskip("optuna", reason="hparams_search needs the search extra (make install EXTRAS=dev,search)")
 
@@ -74,31 +75,24 @@ def test_a_search_killed_after_two_trials_and_rerun_ends_as_an_uninterrupted_one
     assert len(_result(logs)["trials"]) == 5  # no trial added
 
 
-def test_a_search_space_entry_that_is_no_range_or_choice_is_one_line(tmp_path: Path) -> None:
-    proc = run_module(
-        "lightspeed.train",
-        *SEARCH,
-        "hparams_search.params.model.optimizer.lr=0.1",
-        f"paths.log_dir={tmp_path}",
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 2
-    assert (
-        proc.stderr.strip()
-        .splitlines()[-1]
-        .startswith("error: hparams_search.params.model.optimizer.lr=0.1 is invalid")
-    )
+def refused(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line (exit 2) that `python -m lightspeed.train <args>` ends in, run in process."""
+    with pytest.raises(SystemExit) as stop:
+        command_line(args, tmp_path, task=train_or_search)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    return err[0]
 
 
-def test_a_search_over_a_multi_process_trainer_is_one_line(tmp_path: Path) -> None:
+def test_a_search_space_entry_that_is_no_range_or_choice_is_one_line(tmp_path: Path, capsys) -> None:
+    line = refused([*SEARCH, "hparams_search.params.model.optimizer.lr=0.1"], tmp_path, capsys)
+    assert line.startswith("error: hparams_search.params.model.optimizer.lr=0.1 is invalid")
+
+
+def test_a_search_over_a_multi_process_trainer_is_one_line(tmp_path: Path, capsys) -> None:
     """Lightning relaunches the command for each extra rank: each would run its own search."""
-    proc = run_module(
-        "lightspeed.train", *SEARCH, "trainer=ddp_cpu", f"paths.log_dir={tmp_path}", cwd=tmp_path
-    )
-    assert proc.returncode == 2
-    assert (
-        proc.stderr.strip().splitlines()[-1].startswith("error: hparams_search cannot drive a multi-process")
-    )
+    line = refused([*SEARCH, "trainer=ddp_cpu"], tmp_path, capsys)
+    assert line.startswith("error: hparams_search cannot drive a multi-process")
     assert not (tmp_path / "train" / "runs" / "search" / "trials").exists()
 
 
