@@ -31,9 +31,10 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.parametrize(
     ("override", "line"),
     [
-        (
+        pytest.param(  # refused before the run takes a folder: the slow suite
             "trainer.precision=15",
             "trainer.precision=15: Precision 15 is invalid. Allowed precision values: (",
+            marks=pytest.mark.slow,
         ),
         ("trainer.profiler=bogus", "trainer.profiler=bogus: When passing string value for the `profiler`"),
     ],

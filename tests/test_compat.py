@@ -206,6 +206,7 @@ print("stopped")
 """
 
 
+@pytest.mark.slow  # a fresh process (~6 s): make test stays within 4 minutes
 def test_the_rich_bar_stops_at_once_however_long_its_refresh_interval() -> None:
     """Lightning 2.6's refresh thread sleeps out its interval and the bar's stop joins it (up to 0.25 s at
     each fit's end); `callbacks.PromptStop` swaps in a thread that wakes when told to stop."""

@@ -139,6 +139,7 @@ def test_lightspeed_says_its_version_and_refuses_an_unknown_command_in_one_line(
     ]
 
 
+@pytest.mark.slow  # a fresh process for one config print (~6 s): make test stays within 4 minutes
 def test_lightspeed_viz_is_eval_with_viz_on() -> None:
     proc = lightspeed("viz", "--cfg", "job")
     assert proc.returncode == 0, proc.stderr

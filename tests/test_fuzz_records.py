@@ -276,7 +276,7 @@ COUNTS = {s: len(WHOLE) + STRUCTURAL for s in SURFACES} | {
     "study.db": 11 + len(TAMPERED),
 }
 ALL = [(s, i) for s, n in COUNTS.items() for i in range(n)]
-SAMPLE = random.Random(SEED).sample(ALL, 30)
+SAMPLE = random.Random(SEED).sample(ALL, 15)
 
 
 def check(

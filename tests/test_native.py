@@ -114,7 +114,7 @@ def test_a_nested_node_is_replaced_as_hydra_users_expect(tmp_path: Path, project
     assert [type(m) for m in result.model.net] == [torch.nn.Flatten, torch.nn.Linear]
 
 
-@pytest.mark.parametrize("model", ["lht", "cnn"])
+@pytest.mark.parametrize("model", ["lht", pytest.param("cnn", marks=pytest.mark.slow)])  # cnn: ~5 s
 def test_timm_s_factory_is_a_net(tmp_path: Path, project: list[str], model: str) -> None:
     """`timm.create_model` names a net as everywhere timm is used: built by Hydra for a module that takes
     a net (lht), or by the shipped classifier, which builds its own net from its settings (cnn)."""
