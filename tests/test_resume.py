@@ -131,7 +131,9 @@ def uninterrupted(tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Ten
 
 # steps 3 and 10: mid-epoch; 7: an epoch's last batch (saved after its validation); 16: mid final epoch;
 # 20: after the final epoch's last logging step, 18 (the resumed stretch logs no loss of its own)
-@pytest.mark.parametrize("step", [3, 7, 10, 16, 20])
+@pytest.mark.parametrize(
+    "step", [*(pytest.param(s, marks=pytest.mark.slow) for s in (3, 16, 20)), 7, 10]
+)  # 7, 10: make test
 @pytest.mark.parametrize("loader", ["data.on_device=true", "data.num_workers=1"])
 def test_a_preempted_and_resumed_run_is_bit_identical_to_an_uninterrupted_one(
     train_cfg, tmp_path: Path, uninterrupted, step: int, loader: str

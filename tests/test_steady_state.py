@@ -82,6 +82,7 @@ NO_VAL = [
 ]
 
 
+@pytest.mark.slow  # ~5 s on 2 CPU cores: make test stays within 4 minutes (compiled_once is make test's)
 def test_a_partial_last_batch_recompiles_the_training_forward(train_cfg) -> None:
     """What data.drop_last=true prevents: the shape guard fails at the epoch's last batch."""
     probe = _compiles(train_cfg, "data.drop_last=false", *NO_VAL)

@@ -326,6 +326,7 @@ def test_the_transformer_trains_with_the_presets_and_its_flops_are_counted(train
     assert math.isfinite(result.metrics["test/exact_match"])
 
 
+@pytest.mark.slow  # ~4 s on 2 CPU cores: make test stays within 4 minutes (test_resume.py's are make test's)
 def test_the_transformer_resumes_bit_exactly(train_cfg, tmp_path: Path) -> None:
     from conftest import assert_resumes_exactly
 

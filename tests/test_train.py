@@ -307,6 +307,7 @@ def test_profiler_debug_option_writes_a_report(train_cfg, run_dir: Path) -> None
     assert "run_training_epoch" in report
 
 
+@pytest.mark.slow  # ~6 s on 2 CPU cores: make test stays within 4 minutes (a debug option; CI runs it)
 def test_overfit_debug_option_memorises_one_batch(train_cfg) -> None:
     result = train(train_cfg(*QUIET, "debug=overfit", "test_after_fit=false"))
     assert result.trainer.global_step == 50  # one batch per epoch

@@ -20,6 +20,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 VIZ = ["viz=true", "trainer.enable_progress_bar=false", "print_config=false"]
 
 
+@pytest.mark.slow  # ~9 s on 2 CPU cores: make test stays within 4 minutes (other viz cases: make test)
 def test_viz_draws_feature_maps_and_the_worst_predictions_and_they_differ_between_checkpoints(
     tmp_path: Path,
 ) -> None:
