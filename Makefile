@@ -97,7 +97,7 @@ new-project:  ## a project of your own on this engine: NAME=my_project DEST=../m
 doctor: $(STAMP)  ## what this machine can do: versions, GPU, bandwidth, TFLOP/s, warnings (ARGS="--json f")
 	$(PY) -m lightspeed.doctor $(ARGS_WORDS)
 
-test: $(STAMP)  ## the fast test suite, a process per core (under ~5 min on 2 CPU cores; WORKERS=1 for one)
+test: $(STAMP)  ## the fast test suite, a process per core (under 4 min on 2 CPU cores; WORKERS=1 for one)
 	$(PY) -m pytest -m "not slow" -n $(WORKERS) --dist loadgroup $(ARGS_WORDS)
 
 test-full: $(STAMP)  ## every test, the slow ones too
