@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from torchmetrics import Metric
 
 from conftest import TINY, command_line
 from lightspeed.models.classifier import Classifier
@@ -24,6 +25,7 @@ class SeesTest(Classifier):
     a line in the Trainer's folder at each test's end."""
 
     calls: ClassVar[list[tuple[Any, ...]]] = []
+    inference_states: ClassVar[list[bool]] = []
 
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         torch.rand(1)
@@ -32,6 +34,14 @@ class SeesTest(Classifier):
             (trainer.logger is None, trainer.precision, self.training, torch.is_inference_mode_enabled())
         )
         return super().test_step(batch, batch_idx)
+
+    def on_fit_start(self) -> None:  # after the probe: can the fit and the test still update the metrics?
+        SeesTest.inference_states = [
+            getattr(metric, state).is_inference()
+            for metric in self.modules()
+            if isinstance(metric, Metric)
+            for state in metric._defaults
+        ]
 
     def on_test_epoch_end(self) -> None:
         with open(Path(self.trainer.default_root_dir) / "tested.txt", "a") as out:
@@ -51,11 +61,13 @@ def test_test_step_runs_once_before_the_fit_as_eval_tests_and_its_files_are_not_
     (tmp_path / "tmp").mkdir()
     train(train_cfg(*TINY, SEES, "trainer.precision=bf16-mixed"))
     probe, *tested = sees
-    assert probe == (True, "bf16-mixed", False, True)  # no logger; the fit's precision; eval mode
+    assert probe == (True, "bf16-mixed", False, False)  # no logger; the fit's precision; eval; no_grad
     assert [call[0] for call in tested] == [False, False]  # then the test after the fit, its 2 batches
     assert (run_dir / "tested.txt").read_text() == "3\n"  # the probe's line went with its folder
     assert not list((tmp_path / "tmp").iterdir())
     assert caplog.text.count("GPU available") == 1  # the fit's Trainer says it; the probe's does not
+    # a metric state left as an inference tensor: the test after a DDP fit over gloo (no_grad) failed on it
+    assert SeesTest.inference_states and not any(SeesTest.inference_states)
 
 
 def test_the_probe_changes_nothing_of_the_run(train_cfg, tmp_path: Path, sees, monkeypatch) -> None:

@@ -36,8 +36,10 @@ def check(model: L.LightningModule, dm: L.LightningDataModule) -> None:
 def probe(trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModule) -> None:
     """One test batch through `test_step` on a Trainer of its own, as `make eval` tests: the fit's device
     and precision, no logger, no checkpoint, no callback, files it writes in a folder then deleted, the
-    random state put back, the module left in the mode it was in. A module sharded across devices (FSDP,
-    DeepSpeed) may not fit on one: it is not probed."""
+    random state put back, the module left in the mode it was in. It runs under no_grad, not inference
+    mode: a tensor made under inference mode and kept (a metric's state) could not be updated later where
+    the test runs under no_grad (DDP over gloo). A module sharded across devices (FSDP, DeepSpeed) may not
+    fit on one: it is not probed."""
     strategy = trainer.strategy
     if type(strategy) not in (SingleDeviceStrategy, DDPStrategy) or trainer.limit_test_batches == 0:
         return
@@ -48,7 +50,7 @@ def probe(trainer: L.Trainer, model: L.LightningModule, dm: L.LightningDataModul
                 accelerator=device.type,
                 devices=1 if device.index is None else [device.index],
                 precision=trainer.precision,
-                inference_mode=trainer.test_loop.inference_mode,
+                inference_mode=False,  # no_grad: what it leaves (a reset metric) is no inference tensor
                 limit_test_batches=1,
                 logger=False,
                 callbacks=[],
