@@ -30,8 +30,14 @@ class SeesTest(Classifier):
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         torch.rand(1)
         trainer = self.trainer
+        assert self.logger.experiment is not None  # as a TensorBoard image would be logged
         SeesTest.calls.append(
-            (trainer.logger is None, trainer.precision, self.training, torch.is_inference_mode_enabled())
+            (
+                type(trainer.logger).__name__,
+                trainer.precision,
+                self.training,
+                torch.is_inference_mode_enabled(),
+            )
         )
         return super().test_step(batch, batch_idx)
 
@@ -61,8 +67,9 @@ def test_test_step_runs_once_before_the_fit_as_eval_tests_and_its_files_are_not_
     (tmp_path / "tmp").mkdir()
     train(train_cfg(*TINY, SEES, "trainer.precision=bf16-mixed"))
     probe, *tested = sees
-    assert probe == (True, "bf16-mixed", False, False)  # no logger; the fit's precision; eval; no_grad
-    assert [call[0] for call in tested] == [False, False]  # then the test after the fit, its 2 batches
+    # a logger that keeps nothing; the fit's precision; eval mode; no_grad
+    assert probe == ("DummyLogger", "bf16-mixed", False, False)
+    assert len(tested) == 2 and "DummyLogger" not in {call[0] for call in tested}  # the test after the fit
     assert (run_dir / "tested.txt").read_text() == "3\n"  # the probe's line went with its folder
     assert not list((tmp_path / "tmp").iterdir())
     assert caplog.text.count("GPU available") == 1  # the fit's Trainer says it; the probe's does not
